@@ -1,0 +1,46 @@
+# fleetmedic: the README's two commands are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ARGS ?=
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test unit integration lint schemas kafka-start kafka-stop clean help
+
+help:
+	@echo "make demo   - install, start the embedded Kafka, a worker and the simulated cluster (ARGS=\"--duration 120 --seed 1\")"
+	@echo "make test   - install, start Kafka, run unit + integration tests, stop Kafka"
+	@echo "make lint   - layer contracts (import-linter)"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	@$(PY) -m pipeline demo $(ARGS)
+
+test: $(STAMP)
+	@bash tests/run.sh
+
+unit: $(STAMP)
+	@$(PY) -m pytest tests/unit -q
+
+lint: $(STAMP)
+	@$(VENV)/bin/lint-imports
+
+schemas: $(STAMP)
+	@$(PY) -m schemas.jsonschema
+
+kafka-start:
+	@bash deploy/kafka.sh start
+
+kafka-stop:
+	@bash deploy/kafka.sh stop
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

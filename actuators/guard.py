@@ -1,0 +1,81 @@
+"""Guards that stand between a verdict and an isolation.
+
+:class:`CircuitBreaker` caps isolations per sliding window: never more than
+``max_fraction`` of the fleet and never more than ``max_absolute`` nodes.  Beyond the cap
+an isolation is *held*: it becomes an alert for a human, recorded with the outcome
+``held_by_budget``.  Time is passed in, so tests control it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class BreakerDecision:
+    allowed: bool
+    used: int
+    budget: int
+    reason: str
+
+
+@dataclass
+class CircuitBreaker:
+    max_fraction: float = 0.1
+    max_absolute: int = 50
+    window_s: float = 3600.0
+    min_budget: int = 1
+    _events: deque = field(default_factory=deque, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.max_fraction <= 1.0:
+            raise ValueError(f"max_fraction must be in (0, 1], got {self.max_fraction}")
+        if self.max_absolute < 0:
+            raise ValueError(f"max_absolute must be >= 0, got {self.max_absolute}")
+        if self.window_s <= 0:
+            raise ValueError(f"window_s must be > 0, got {self.window_s}")
+        if self.min_budget < 0:
+            raise ValueError(f"min_budget must be >= 0, got {self.min_budget}")
+
+    def budget(self, fleet_size: int) -> int:
+        """How many isolations one window allows for a fleet of ``fleet_size`` nodes."""
+        share = math.floor(self.max_fraction * max(fleet_size, 0))
+        return min(self.max_absolute, max(self.min_budget, share))
+
+    def _expire(self, now: float) -> None:
+        while self._events and self._events[0][0] <= now - self.window_s:
+            self._events.popleft()
+
+    def used(self, now: float) -> int:
+        self._expire(now)
+        return len(self._events)
+
+    def check(self, node: str, fleet_size: int, now: float) -> BreakerDecision:
+        """Ask for one isolation of ``node`` at ``now``; records it when allowed."""
+        self._expire(now)
+        budget = self.budget(fleet_size)
+        used = len(self._events)
+        if any(n == node for _, n in self._events):
+            return BreakerDecision(True, used, budget, "already counted in this window")
+        if used >= budget:
+            return BreakerDecision(
+                False,
+                used,
+                budget,
+                f"circuit breaker open: {used} isolations in the last {self.window_s:.0f}s, "
+                f"budget {budget} (max {self.max_fraction:.0%} of {fleet_size} nodes, cap {self.max_absolute})",
+            )
+        self._events.append((now, node))
+        return BreakerDecision(True, used + 1, budget, "within budget")
+
+    def release(self, node: str) -> None:
+        """Forget a counted isolation that did not happen (for example it failed)."""
+        self._events = deque((t, n) for t, n in self._events if n != node)
+
+    def snapshot(self) -> list[tuple[float, str]]:
+        return list(self._events)
+
+    def restore(self, events: list[tuple[float, str]]) -> None:
+        self._events = deque(sorted((float(t), str(n)) for t, n in events))

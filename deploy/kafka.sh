@@ -1,0 +1,473 @@
+#!/usr/bin/env bash
+# Embedded single-node Apache Kafka (KRaft, broker+controller in one JVM) for
+# local development and CI. Jars come from Maven Central via mvn; no Docker.
+#
+# Usage: deploy/kafka.sh {fetch|start|stop|status|bootstrap|reset|help}
+# See `deploy/kafka.sh help` for the environment variables.
+set -euo pipefail
+
+# Newest broker version whose smoke test (aiokafka + Faust) passes; see
+# docs/decisions/0001-kafka-broker-version.md.
+readonly DEFAULT_KAFKA_VERSION="4.4.0"
+
+KAFKA_VERSION="${KAFKA_VERSION:-$DEFAULT_KAFKA_VERSION}"
+CACHE_ROOT="${FLEETMEDIC_CACHE:-$HOME/.cache/fleetmedic}"
+STATE_ROOT="${FLEETMEDIC_STATE:-$HOME/.cache/fleetmedic/run}"
+KAFKA_HEAP="${KAFKA_HEAP:--Xms256m -Xmx512m}"
+KAFKA_START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
+KAFKA_STOP_TIMEOUT="${KAFKA_STOP_TIMEOUT:-30}"
+JAVA="${JAVA:-java}"
+MVN="${MVN:-mvn}"
+readonly DEPENDENCY_PLUGIN="org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
+# Log4j 2 line used for Kafka 4.x logging (binding + core aligned via its BOM).
+readonly LOG4J2_VERSION="2.25.5"
+
+KAFKA_HOME="$CACHE_ROOT/kafka/$KAFKA_VERSION"
+LIBS_DIR="$KAFKA_HOME/libs"
+FETCH_MARKER="$KAFKA_HOME/.fetched"
+STATE_DIR="$STATE_ROOT/kafka"
+DATA_DIR="$STATE_DIR/data"
+PID_FILE="$STATE_DIR/kafka.pid"
+PORT_FILE="$STATE_DIR/port"
+CPORT_FILE="$STATE_DIR/controller.port"
+VERSION_FILE="$STATE_DIR/version"
+SERVER_LOG="$STATE_DIR/server.log"
+PROPS_FILE="$STATE_DIR/server.properties"
+
+log() { printf 'kafka.sh: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+usage() {
+    cat <<EOF
+Usage: deploy/kafka.sh COMMAND
+
+Embedded single-node Apache Kafka (KRaft mode, broker and controller in one
+JVM) bound to 127.0.0.1. Needs java (17+), mvn (for the first fetch) and python3.
+
+Commands:
+  fetch      download the broker jars from Maven Central into the cache
+             (skipped when already cached)
+  start      fetch if needed, format storage if needed, start the broker in the
+             background and wait until it serves; prints the bootstrap address
+             (127.0.0.1:PORT) as the last line of stdout. Idempotent: if the
+             broker of this state dir already runs, just prints its address.
+  stop       SIGTERM, wait up to \$KAFKA_STOP_TIMEOUT s, then SIGKILL. Idempotent.
+  status     print "running <addr>" (exit 0) or "not running" (exit 3)
+  bootstrap  print the bootstrap address of the running broker (exit 3 if none)
+  reset      stop and delete the state dir (all topics and offsets)
+  help       this text
+
+Environment:
+  KAFKA_VERSION        broker version (default $DEFAULT_KAFKA_VERSION)
+  KAFKA_PORT           client (PLAINTEXT) port; default: previous port if free,
+                       else a free port picked on 127.0.0.1
+  KAFKA_CONTROLLER_PORT  KRaft controller port; default: picked like KAFKA_PORT
+  FLEETMEDIC_CACHE     jar cache root (default \$HOME/.cache/fleetmedic);
+                       jars go to \$FLEETMEDIC_CACHE/kafka/<version>/libs
+  FLEETMEDIC_STATE     state root (default \$HOME/.cache/fleetmedic/run);
+                       data, logs, pid and port live in \$FLEETMEDIC_STATE/kafka
+  KAFKA_HEAP           JVM heap options (default "-Xms256m -Xmx512m")
+  KAFKA_START_TIMEOUT  seconds to wait for the broker to serve (default 90)
+  KAFKA_STOP_TIMEOUT   seconds to wait after SIGTERM (default 30)
+
+Files in the state dir: server.properties, server.log (+ server.log.prev),
+format.log, kafka.pid, port, controller.port, version, data/ (KRaft log dir).
+EOF
+}
+
+major_version() { printf '%s' "${KAFKA_VERSION%%.*}"; }
+
+# ---------------------------------------------------------------- fetch ----
+
+write_pom() {
+    local pom="$1" logging_deps managed=""
+    if [[ "$(major_version)" -ge 4 ]]; then
+        # Kafka 4.x: SLF4J 1.7 API -> Log4j 2 (kafka-server already pulls
+        # log4j-core); the BOM keeps every log4j artifact on one version.
+        managed="
+  <dependencyManagement><dependencies>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-bom</artifactId><version>$LOG4J2_VERSION</version><type>pom</type><scope>import</scope></dependency>
+  </dependencies></dependencyManagement>"
+        logging_deps='
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId></dependency>'
+    else
+        # Kafka 3.x: SLF4J 1.7 -> reload4j (log4j 1.x API).
+        logging_deps='
+    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-reload4j</artifactId><version>1.7.36</version></dependency>'
+    fi
+    cat >"$pom" <<EOF
+<?xml version="1.0" encoding="UTF-8"?>
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>local.fleetmedic</groupId>
+  <artifactId>kafka-broker-fetch</artifactId>
+  <version>0</version>
+  <packaging>pom</packaging>$managed
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>$KAFKA_VERSION</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-server</artifactId><version>$KAFKA_VERSION</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-metadata</artifactId><version>$KAFKA_VERSION</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-raft</artifactId><version>$KAFKA_VERSION</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-storage</artifactId><version>$KAFKA_VERSION</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>$KAFKA_VERSION</version></dependency>$logging_deps
+  </dependencies>
+</project>
+EOF
+}
+
+# Name of the StorageTool main class inside the fetched jars: kafka.tools in
+# 3.9-4.4 (core); org.apache.kafka.tools is preferred should it move there.
+detect_storage_tool() {
+    python3 - "$LIBS_DIR" <<'PY'
+import glob, sys, zipfile
+candidates = ["org/apache/kafka/tools/StorageTool.class", "kafka/tools/StorageTool.class"]
+found = set()
+for jar in glob.glob(sys.argv[1] + "/*.jar"):
+    with zipfile.ZipFile(jar) as z:
+        found.update(n for n in z.namelist() if n in candidates)
+for c in candidates:
+    if c in found:
+        print(c[: -len(".class")].replace("/", "."))
+        sys.exit(0)
+sys.exit("StorageTool class not found in " + sys.argv[1])
+PY
+}
+
+cmd_fetch() {
+    if [[ -f "$FETCH_MARKER" ]]; then
+        log "Kafka $KAFKA_VERSION already cached in $LIBS_DIR"
+        return 0
+    fi
+    command -v "$MVN" >/dev/null || die "mvn not found (needed to fetch Kafka jars)"
+    log "fetching Kafka $KAFKA_VERSION from Maven Central into $LIBS_DIR ..."
+    local tmp start
+    start=$SECONDS
+    tmp="$(mktemp -d)"
+    write_pom "$tmp/pom.xml"
+    rm -rf "$LIBS_DIR"
+    mkdir -p "$LIBS_DIR"
+    if ! "$MVN" -q -B -f "$tmp/pom.xml" \
+        "$DEPENDENCY_PLUGIN:copy-dependencies" \
+        -DincludeScope=runtime -DoutputDirectory="$LIBS_DIR" </dev/null >"$tmp/mvn.log" 2>&1; then
+        tail -n 40 "$tmp/mvn.log" >&2
+        rm -rf "$tmp"
+        die "mvn could not fetch Kafka $KAFKA_VERSION"
+    fi
+    rm -rf "$tmp"
+    local tool
+    tool="$(detect_storage_tool)" || die "fetched jars lack StorageTool"
+    printf '%s\n' "$tool" >"$KAFKA_HOME/storage-tool"
+    printf 'kafka %s fetched %s\n' "$KAFKA_VERSION" "$(date -u +%FT%TZ)" >"$FETCH_MARKER"
+    log "fetched Kafka $KAFKA_VERSION ($(find "$LIBS_DIR" -name '*.jar' | wc -l) jars) in $((SECONDS - start)) s"
+}
+
+# ---------------------------------------------------------------- state ----
+
+free_port() {
+    python3 -c 'import socket
+s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+port_free() {
+    python3 - "$1" <<'PY'
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(1)
+finally:
+    s.close()
+PY
+}
+
+port_answers() {
+    python3 - "$1" <<'PY'
+import socket, sys
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1).close()
+except OSError:
+    sys.exit(1)
+PY
+}
+
+random_cluster_id() {
+    python3 -c 'import base64, uuid
+while True:
+    s = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not s.startswith("-"):
+        print(s); break'
+}
+
+# pid of the broker of this state dir, if it is alive (and really ours).
+running_pid() {
+    [[ -f "$PID_FILE" ]] || return 1
+    local pid
+    pid="$(<"$PID_FILE")"
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+    kill -0 "$pid" 2>/dev/null || return 1
+    if [[ -r "/proc/$pid/cmdline" ]]; then
+        tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "$PROPS_FILE" || return 1
+    fi
+    printf '%s\n' "$pid"
+}
+
+bootstrap_addr() { printf '127.0.0.1:%s\n' "$(<"$PORT_FILE")"; }
+
+is_running() {
+    running_pid >/dev/null && [[ -f "$PORT_FILE" ]] && port_answers "$(<"$PORT_FILE")"
+}
+
+# Port choice: explicit env var, else the previous one if still free, else new.
+choose_port() {
+    local env_value="$1" file="$2" avoid="${3:-}" p
+    if [[ -n "$env_value" ]]; then
+        printf '%s\n' "$env_value"
+        return
+    fi
+    if [[ -f "$file" ]]; then
+        p="$(<"$file")"
+        if [[ "$p" != "$avoid" ]] && port_free "$p"; then
+            printf '%s\n' "$p"
+            return
+        fi
+    fi
+    while :; do
+        p="$(free_port)"
+        [[ "$p" != "$avoid" ]] && break
+    done
+    printf '%s\n' "$p"
+}
+
+write_config() {
+    local port="$1" cport="$2"
+    cat >"$PROPS_FILE" <<EOF
+# Generated by deploy/kafka.sh for Kafka $KAFKA_VERSION -- edits are overwritten.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$cport
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$DATA_DIR
+num.partitions=8
+default.replication.factor=1
+min.insync.replicas=1
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+num.network.threads=2
+num.io.threads=4
+num.recovery.threads.per.data.dir=1
+log.retention.hours=168
+log.segment.bytes=67108864
+EOF
+    # Console logging only; nohup sends it to server.log.
+    cat >"$STATE_DIR/log4j2.properties" <<'EOF'
+status = warn
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = STDOUT
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.apache.name = org.apache.kafka
+logger.apache.level = INFO
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+EOF
+    cat >"$STATE_DIR/log4j.properties" <<'EOF'
+log4j.rootLogger=INFO, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.request.logger=WARN
+EOF
+}
+
+java_opts() {
+    # shellcheck disable=SC2206  # KAFKA_HEAP is intentionally word-split
+    JAVA_OPTS=($KAFKA_HEAP -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true
+        -Dlog4j2.configurationFile="$STATE_DIR/log4j2.properties"
+        -Dlog4j.configuration="file:$STATE_DIR/log4j.properties"
+        -Dkafka.logs.dir="$STATE_DIR")
+}
+
+format_storage() {
+    if [[ -f "$DATA_DIR/meta.properties" ]]; then
+        return 0
+    fi
+    local tool cid
+    tool="$(<"$KAFKA_HOME/storage-tool")"
+    cid="$(random_cluster_id)"
+    log "formatting $DATA_DIR (cluster id $cid) with $tool"
+    java_opts
+    if ! "$JAVA" "${JAVA_OPTS[@]}" -cp "$LIBS_DIR/*" "$tool" format \
+        -t "$cid" -c "$PROPS_FILE" --ignore-formatted \
+        </dev/null >"$STATE_DIR/format.log" 2>&1; then
+        tail -n 30 "$STATE_DIR/format.log" >&2
+        die "storage format failed (see $STATE_DIR/format.log)"
+    fi
+}
+
+# Serialise start/stop/reset of one state dir (e.g. parallel test runners).
+take_lock() {
+    mkdir -p "$STATE_DIR"
+    if command -v flock >/dev/null; then
+        exec 9>"$STATE_DIR/.lock"
+        flock -w 180 9 || die "could not lock $STATE_DIR/.lock within 180 s"
+    fi
+}
+
+# ------------------------------------------------------------- commands ----
+
+cmd_start() {
+    take_lock
+    if is_running; then
+        log "already running (pid $(running_pid))"
+        if [[ -n "${KAFKA_PORT:-}" && "$KAFKA_PORT" != "$(<"$PORT_FILE")" ]]; then
+            log "note: KAFKA_PORT=$KAFKA_PORT ignored; stop the running broker to change ports"
+        fi
+        bootstrap_addr
+        return 0
+    fi
+    if running_pid >/dev/null; then
+        log "pid $(running_pid) is alive but its port does not answer; restarting it"
+        cmd_stop
+    fi
+    if [[ -f "$VERSION_FILE" && -f "$DATA_DIR/meta.properties" ]] \
+        && [[ "$(<"$VERSION_FILE")" != "$KAFKA_VERSION" ]]; then
+        log "note: $DATA_DIR was formatted by Kafka $(<"$VERSION_FILE"); run 'reset' if $KAFKA_VERSION refuses it"
+    fi
+    command -v "$JAVA" >/dev/null || die "java not found"
+    cmd_fetch
+
+    local port cport
+    port="$(choose_port "${KAFKA_PORT:-}" "$PORT_FILE")"
+    cport="$(choose_port "${KAFKA_CONTROLLER_PORT:-}" "$CPORT_FILE" "$port")"
+    port_free "$port" || die "port $port on 127.0.0.1 is already in use"
+    port_free "$cport" || die "controller port $cport on 127.0.0.1 is already in use"
+    printf '%s\n' "$port" >"$PORT_FILE"
+    printf '%s\n' "$cport" >"$CPORT_FILE"
+    mkdir -p "$DATA_DIR"
+    write_config "$port" "$cport"
+    format_storage
+    printf '%s\n' "$KAFKA_VERSION" >"$VERSION_FILE"
+
+    log "starting Kafka $KAFKA_VERSION on 127.0.0.1:$port (controller $cport), log $SERVER_LOG"
+    java_opts
+    if [[ -s "$SERVER_LOG" ]]; then
+        mv -f "$SERVER_LOG" "$SERVER_LOG.prev"
+    fi
+    # 9>&-: the broker must not inherit (and so hold) the state-dir lock.
+    nohup "$JAVA" "${JAVA_OPTS[@]}" -cp "$LIBS_DIR/*" kafka.Kafka "$PROPS_FILE" \
+        </dev/null >>"$SERVER_LOG" 2>&1 9>&- &
+    local pid=$!
+    printf '%s\n' "$pid" >"$PID_FILE"
+
+    local deadline=$((SECONDS + KAFKA_START_TIMEOUT))
+    while :; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            rm -f "$PID_FILE"
+            tail -n 40 "$SERVER_LOG" >&2
+            die "Kafka exited during startup (log: $SERVER_LOG)"
+        fi
+        if grep -qE 'Kafka Server started|started \(kafka\.server\.Kafka' "$SERVER_LOG" \
+            && port_answers "$port"; then
+            break
+        fi
+        if ((SECONDS >= deadline)); then
+            tail -n 40 "$SERVER_LOG" >&2
+            log "error: Kafka did not come up within ${KAFKA_START_TIMEOUT}s; stopping pid $pid"
+            cmd_stop >/dev/null 2>&1 || true
+            exit 1
+        fi
+        sleep 0.5
+    done
+    log "Kafka $KAFKA_VERSION up (pid $pid)"
+    bootstrap_addr
+}
+
+cmd_stop() {
+    local pid
+    if ! pid="$(running_pid)"; then
+        rm -f "$PID_FILE"
+        log "not running"
+        return 0
+    fi
+    log "stopping Kafka (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + KAFKA_STOP_TIMEOUT))
+    while kill -0 "$pid" 2>/dev/null; do
+        if ((SECONDS >= deadline)); then
+            log "still alive after ${KAFKA_STOP_TIMEOUT}s; sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+            break
+        fi
+        sleep 0.5
+    done
+    rm -f "$PID_FILE"
+    log "stopped"
+}
+
+cmd_status() {
+    if is_running; then
+        printf 'running %s (pid %s, Kafka %s)\n' "$(bootstrap_addr)" "$(running_pid)" \
+            "$(cat "$VERSION_FILE" 2>/dev/null || echo '?')"
+        return 0
+    fi
+    printf 'not running\n'
+    return 3
+}
+
+cmd_bootstrap() {
+    if is_running; then
+        bootstrap_addr
+        return 0
+    fi
+    log "not running"
+    return 3
+}
+
+cmd_reset() {
+    take_lock
+    cmd_stop
+    if [[ -d "$STATE_DIR" ]]; then
+        log "deleting $STATE_DIR"
+        rm -rf "$STATE_DIR"
+    fi
+}
+
+main() {
+    local cmd="${1:-help}"
+    case "$cmd" in
+        fetch) cmd_fetch ;;
+        start) cmd_start ;;
+        stop)
+            take_lock
+            cmd_stop
+            ;;
+        status) cmd_status ;;
+        bootstrap) cmd_bootstrap ;;
+        reset) cmd_reset ;;
+        help | -h | --help) usage ;;
+        *)
+            usage >&2
+            exit 2
+            ;;
+    esac
+}
+
+main "$@"

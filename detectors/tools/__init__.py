@@ -1,0 +1,1 @@
+"""Maintenance scripts for the detectors package (not imported at run time)."""

@@ -1,0 +1,264 @@
+"""The ``fleetmedic`` command.
+
+    fleetmedic worker      run the pipeline (Faust worker) against a Kafka broker
+    fleetmedic simulate    run a simulated GPU cluster that streams telemetry and obeys actions
+    fleetmedic demo        start Kafka, a worker and the simulator; print a live log and a JSON summary
+    fleetmedic topics      create fleetmedic's topics on a broker
+    fleetmedic schemas     write the JSON Schema files of every record
+    fleetmedic config      print the effective configuration
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from .config import ConfigError, Settings, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+KAFKA_SH = ROOT / "deploy" / "kafka.sh"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _settings(args: argparse.Namespace, **overrides: dict) -> Settings:
+    over: dict = {}
+    if getattr(args, "bootstrap", None):
+        over.setdefault("kafka", {})["bootstrap"] = args.bootstrap
+    for k, v in overrides.items():
+        over.setdefault(k, {}).update(v)
+    return load_settings(getattr(args, "config", None), overrides=over)
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+
+# ------------------------------------------------------------------------------ commands
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    s = _settings(args)
+    _logging(s.worker.log_level)
+    from faust.worker import Worker
+
+    from .app import create_app
+    from .topics import ensure_topics
+
+    created = asyncio.run(ensure_topics(s))
+    if created:
+        logging.getLogger("fleetmedic").info("created topics: %s", ", ".join(created))
+    app = create_app(s)
+    if s.safety.fleet_size == 0:
+        logging.getLogger("fleetmedic").warning(
+            "safety.fleet_size is 0: the circuit breaker's share is taken of the nodes seen so far")
+    worker = Worker(app, loglevel=s.worker.log_level, quiet=True, redirect_stdouts=False)
+    worker.execute_from_commandline()
+    return 0
+
+
+def _sim_config(args: argparse.Namespace) -> "SimConfig":
+    from .simulator import SimConfig
+
+    return SimConfig(nodes=args.nodes, speed=args.speed, duration=args.duration, seed=args.seed, faults=args.faults)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    s = _settings(args)
+    _logging("warning" if args.quiet else "info")
+    from .simrun import SimRunner
+    from .topics import ensure_topics
+
+    asyncio.run(ensure_topics(s))
+    runner = SimRunner(s, _sim_config(args), api_port=args.api_port, show_anomalies=not args.no_anomalies)
+    result = asyncio.run(runner.run())
+    print(json.dumps(result))
+    return 0
+
+
+def _kafka(cmd: str, env: dict[str, str]) -> str:
+    proc = subprocess.run(["bash", str(KAFKA_SH), cmd], env=env, stdout=subprocess.PIPE, stderr=sys.stderr,
+                          text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise SystemExit(f"deploy/kafka.sh {cmd} failed with status {proc.returncode}")
+    lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def _wait_ready(url: str, timeout: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the worker exited with status {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"the worker was not ready within {timeout:.0f}s ({url})")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Kafka + worker + simulator, a live log, and a JSON summary as the last line."""
+    _logging("warning")
+    state = Path(os.environ.get("FLEETMEDIC_STATE", Path.home() / ".cache" / "fleetmedic" / "demo"))
+    env = {**os.environ, "FLEETMEDIC_STATE": str(state)}
+    if args.kafka_port:
+        env["KAFKA_PORT"] = str(args.kafka_port)
+    print("fleetmedic demo: starting the embedded Kafka broker", file=sys.stderr)
+    if args.bootstrap:
+        bootstrap = args.bootstrap
+    else:
+        if not args.keep_data:
+            _kafka("reset", env)
+        bootstrap = _kafka("start", env)
+    web_port, api_port = _free_port(), args.api_port or _free_port()
+    overrides = {
+        "FLEETMEDIC_KAFKA__BOOTSTRAP": bootstrap,
+        "FLEETMEDIC_WORKER__WEB_PORT": str(web_port),
+        "FLEETMEDIC_WORKER__LOG_LEVEL": "info",
+        "FLEETMEDIC_ACTUATORS__BACKEND": "sim",
+        "FLEETMEDIC_ACTUATORS__SIM_URL": f"http://127.0.0.1:{api_port}",
+        "FLEETMEDIC_SAFETY__FLEET_SIZE": str(args.nodes),
+    }
+    wenv = {**env, **overrides}
+    s = load_settings(args.config, environ=wenv)
+    state.mkdir(parents=True, exist_ok=True)
+    worker_log = state / "worker.log"
+    from .topics import ensure_topics
+
+    asyncio.run(ensure_topics(s))
+    print(f"fleetmedic demo: Kafka at {bootstrap}; worker log in {worker_log}", file=sys.stderr)
+    print(f"fleetmedic demo: read verdicts with: kcat -b {bootstrap} -t {s.topic('verdicts')} -C -e", file=sys.stderr)
+    cmd = [sys.executable, "-m", "pipeline", "worker"] + (["--config", args.config] if args.config else [])
+    with open(worker_log, "w") as wlog:
+        proc = subprocess.Popen(cmd, env=wenv, stdout=wlog, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        from .simrun import SimRunner
+
+        runner = SimRunner(s, _sim_config(args), api_port=api_port, out=sys.stdout, show_anomalies=not args.no_anomalies)
+
+        async def ready() -> None:
+            await asyncio.to_thread(_wait_ready, f"http://127.0.0.1:{web_port}/fleetmedic/ready", 120.0, proc)
+            print("fleetmedic demo: worker ready; the simulated cluster starts now", file=sys.stderr)
+
+        result = asyncio.run(runner.run(ready=ready))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        if not args.bootstrap and not args.keep_running:
+            _kafka("stop", env)
+    sys.stdout.flush()
+    print(json.dumps(result), flush=True)
+    ok = result["false_isolations"] == 0 and result["hardware_faults_detected"] == result["hardware_faults"]
+    return 0 if ok or not args.check else 1
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    s = _settings(args)
+    from .topics import ensure_topics, topic_specs
+
+    created = asyncio.run(ensure_topics(s))
+    for spec in topic_specs(s).values():
+        print(f"{spec.name}\t{spec.partitions} partitions\t{'created' if spec.name in created else 'exists'}")
+    return 0
+
+
+def cmd_schemas(args: argparse.Namespace) -> int:
+    from schemas.jsonschema import JSON_DIR, write
+
+    for path in write(Path(args.out) if args.out else JSON_DIR):
+        print(path)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    s = _settings(args)
+    print(json.dumps(s.model_dump(), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fleetmedic",
+        description="Autonomous fault recovery for GPU clusters: telemetry in Kafka, windowed detectors, "
+                    "a correlator that issues fault verdicts, actuators on Kubernetes or a simulated cluster.",
+        epilog="Configuration: --config FILE (TOML) or FLEETMEDIC_<SECTION>__<KEY> variables; "
+               "see `fleetmedic config` and README.md.",
+    )
+    p.add_argument("--config", help="TOML configuration file (also FLEETMEDIC_CONFIG)")
+    p.add_argument("--bootstrap", help="Kafka bootstrap servers, host:port (overrides kafka.bootstrap)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sp = sub.add_parser("worker", help="run the pipeline worker (Faust)")
+    sp.set_defaults(func=cmd_worker)
+
+    def sim_args(sp: argparse.ArgumentParser, duration: float) -> None:
+        sp.add_argument("--nodes", type=int, default=32, help="nodes in the simulated cluster (8 GPUs each; default 32)")
+        sp.add_argument("--duration", type=float, default=duration, help=f"wall seconds to simulate (default {duration:g})")
+        sp.add_argument("--speed", type=float, default=10.0, help="simulated seconds per wall second (default 10)")
+        sp.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+        sp.add_argument("--faults", default="demo",
+                        help="'demo' (every kind in the catalogue), 'none', or a comma list of: transient_crash, "
+                             "nccl_timeout, user_bug, xid79, ecc_dbe, sbe_rise, nvlink, thermal")
+        sp.add_argument("--api-port", type=int, default=0, help="port of the simulated cluster API (default: free)")
+        sp.add_argument("--no-anomalies", action="store_true", help="leave anomalies out of the live log")
+
+    sp = sub.add_parser("simulate", help="run the simulated cluster against a running worker")
+    sim_args(sp, 120.0)
+    sp.add_argument("--quiet", action="store_true")
+    sp.set_defaults(func=cmd_simulate)
+
+    sp = sub.add_parser("demo", help="start Kafka, a worker and the simulator; print a JSON summary last")
+    sim_args(sp, 120.0)
+    sp.add_argument("--kafka-port", type=int, default=0, help="port for the embedded broker (default: free)")
+    sp.add_argument("--keep-data", action="store_true", help="do not wipe the demo broker's data first")
+    sp.add_argument("--keep-running", action="store_true", help="leave the broker running afterwards")
+    sp.add_argument("--check", action="store_true", help="exit 1 when a hardware fault was missed or a healthy node isolated")
+    sp.set_defaults(func=cmd_demo)
+
+    sp = sub.add_parser("topics", help="create fleetmedic's topics (idempotent)")
+    sp.set_defaults(func=cmd_topics)
+
+    sp = sub.add_parser("schemas", help="write the JSON Schema files (schemas/json/)")
+    sp.add_argument("--out", help="directory to write to")
+    sp.set_defaults(func=cmd_schemas)
+
+    sp = sub.add_parser("config", help="print the effective configuration as JSON")
+    sp.set_defaults(func=cmd_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "simulate" and args.api_port == 0:
+        args.api_port = 7070
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"fleetmedic: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,166 @@
+"""Configuration: one validated object, from a TOML file and ``FLEETMEDIC_*`` variables.
+
+Precedence: defaults < TOML file (``--config`` or ``FLEETMEDIC_CONFIG``) < environment.
+Environment keys are ``FLEETMEDIC_<SECTION>__<KEY>`` (for example
+``FLEETMEDIC_KAFKA__BOOTSTRAP=127.0.0.1:9092``, ``FLEETMEDIC_SAFETY__MAX_FRACTION=0.05``).
+A bad value fails at start with a message that names the field.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class KafkaSettings(_Section):
+    bootstrap: str = Field("127.0.0.1:9092", description="host:port[,host:port] of the Kafka brokers")
+    topic_prefix: str = Field("fleetmedic.", description="prefix of every topic name")
+    partitions: int = Field(8, ge=1, le=1024, description="partitions of telemetry, anomaly and internal topics")
+    decision_partitions: int = Field(
+        1, ge=1, le=64, description="partitions of verdicts/actions: 1 keeps one global circuit breaker"
+    )
+    replication: int = Field(1, ge=1, le=7)
+    app_id: str = Field("fleetmedic", description="consumer group / Faust application id")
+
+
+class WorkerSettings(_Section):
+    web_port: int = Field(6066, ge=0, le=65535, description="Faust web server port (0: pick a free one)")
+    web_host: str = "127.0.0.1"
+    batch_size: int = Field(500, ge=1, le=100000, description="telemetry records per detector batch")
+    batch_within_s: float = Field(0.2, gt=0, le=60, description="longest wait to fill a batch")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class DetectorSettings(_Section):
+    window: int = Field(120, ge=10, le=10000, description="samples in a node's detection window")
+    recent: int = Field(30, ge=2, le=5000, description="recent samples compared with the rest of the window")
+    alpha: float = Field(1e-6, gt=0, lt=1, description="significance level of rate-change tests")
+    min_events: int = Field(5, ge=1)
+    throttle_fraction: float = Field(0.5, gt=0, le=1)
+    peer_threshold: float = Field(5.0, gt=0, description="robust z-score beyond which a node departs from its job peers (calibrated on Alibaba PAI traces)")
+    anomaly_cooldown_s: float = Field(15.0, ge=0, description="re-emit the same finding at most this often")
+
+    @model_validator(mode="after")
+    def _recent_fits(self) -> "DetectorSettings":
+        if self.recent >= self.window:
+            raise ValueError(f"recent ({self.recent}) must be smaller than window ({self.window})")
+        return self
+
+
+class PolicySettings(_Section):
+    correlation_grace_s: float = Field(
+        3.0, ge=0, le=600, description="wall seconds a job failure waits for node evidence before it is judged"
+    )
+    degrade_confirmations: int = Field(3, ge=1, description="degradation findings that make a node isolated")
+    degrade_window_s: float = Field(600.0, gt=0, description="event-time window for degradation findings")
+    repeat_failure_jobs: int = Field(3, ge=2, description="distinct failed jobs that make a node suspect")
+    repeat_failure_window_s: float = Field(6 * 3600.0, gt=0)
+    user_error_retries: int = Field(1, ge=0, description="retries of a repeating traceback before stop")
+    transient_retries: int = Field(3, ge=0, description="retries of a transient fault before requeue")
+    checkpoint_deadline_s: float = Field(
+        600.0, gt=0, description="event-time seconds a degraded job may run on to reach its next checkpoint"
+    )
+    lemon_returns: int = Field(3, ge=1, description="returns to service within lemon_window_s that make a lemon")
+    lemon_window_s: float = Field(7 * 86400.0, gt=0)
+
+
+class SafetySettings(_Section):
+    max_fraction: float = Field(0.1, gt=0, le=1, description="largest share of the fleet isolated per window")
+    max_absolute: int = Field(50, ge=0, description="largest number of nodes isolated per window")
+    window_s: float = Field(3600.0, gt=0, description="circuit-breaker window, event-time seconds")
+    fleet_size: int = Field(0, ge=0, description="nodes in the fleet (0: count the nodes seen)")
+    dry_run: bool = Field(False, description="decide and record, but never act")
+
+
+class ActuatorSettings(_Section):
+    backend: Literal["sim", "kubernetes", "dryrun"] = "sim"
+    sim_url: str = Field("http://127.0.0.1:7070", description="simulated cluster API")
+    kubeconfig: str | None = None
+    kube_context: str | None = None
+    webhook_url: str | None = Field(None, description="alerts (escalations, held isolations) go here")
+    webhook_secret: str | None = None
+    max_attempts: int = Field(6, ge=1, le=100)
+    base_delay_s: float = Field(0.2, ge=0)
+    max_delay_s: float = Field(10.0, ge=0)
+
+
+class Settings(_Section):
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    detectors: DetectorSettings = Field(default_factory=DetectorSettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
+    safety: SafetySettings = Field(default_factory=SafetySettings)
+    actuators: ActuatorSettings = Field(default_factory=ActuatorSettings)
+
+    def topic(self, name: str) -> str:
+        return f"{self.kafka.topic_prefix}{name}"
+
+
+class ConfigError(SystemExit):
+    """Raised (and exits the process with status 2) when the configuration is invalid."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in environ.items():
+        if not key.startswith("FLEETMEDIC_") or "__" not in key:
+            continue
+        section, _, field = key[len("FLEETMEDIC_") :].lower().partition("__")
+        out.setdefault(section, {})[field] = value
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(merged.get(k), dict):
+            merged[k] = _merge(merged[k], v)
+        else:
+            merged[k] = v
+    return merged
+
+
+def load_settings(
+    path: str | os.PathLike | None = None,
+    *,
+    environ: dict[str, str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Settings:
+    """Build the settings; raise :class:`ConfigError` naming the bad field."""
+    env = dict(os.environ if environ is None else environ)
+    data: dict[str, Any] = {}
+    path = path or env.get("FLEETMEDIC_CONFIG")
+    if path:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {p}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+    data = _merge(data, _env_overrides(env))
+    if overrides:
+        data = _merge(data, overrides)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors(include_url=False):
+            loc = ".".join(str(p) for p in err["loc"]) or "<config>"
+            lines.append(f"  {loc}: {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None

@@ -1,0 +1,475 @@
+"""The correlator's decisions, as plain functions over plain state.
+
+Two owners, each keyed as its records are:
+
+* the **node track** (key: node) keeps ``NodeHealth`` and turns anomalies and job notices
+  into node verdicts (isolate, drain, diagnose, return, escalate);
+* the **job track** (key: job) keeps ``JobHistory`` and turns job events and node
+  notices into job verdicts (retry, restart, requeue, stop).
+
+They meet only through keyed notices (``NodeNotice`` to a node's owner, ``JobNotice`` to a
+job's owner), so one worker owns each node and each job.  Nothing here does I/O: the
+Faust agents in :mod:`pipeline.app` receive, call these functions, store the returned
+state and send the returned records.  State is a JSON-able dict so that it can live in a
+Faust table as is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas import (
+    ActionName,
+    Anomaly,
+    FaultClass,
+    JobEvent,
+    JobEventKind,
+    JobNotice,
+    NodeNotice,
+    PlannedAction,
+    Severity,
+    Verdict,
+)
+
+from .config import PolicySettings
+
+HEALTHY, SUSPECT, ISOLATED, DIAGNOSING, FAILED = "healthy", "suspect", "isolated", "diagnosing", "failed"
+OUT_OF_POOL = frozenset({ISOLATED, DIAGNOSING, FAILED})
+
+#: Fault classes whose critical findings take a node out at once.
+HARD_CLASSES = frozenset(
+    {FaultClass.gpu_hardware, FaultClass.gpu_memory, FaultClass.nvlink, FaultClass.node_network}
+)
+#: Fault classes whose warnings are degradation evidence that needs confirming.
+DEGRADE_CLASSES = frozenset(
+    {FaultClass.node_degrading, FaultClass.nvlink, FaultClass.gpu_memory, FaultClass.node_network}
+)
+
+MAX_KEPT = 64
+
+
+def stable_id(*parts: Any, n: int = 16) -> str:
+    return hashlib.sha1("|".join(str(p) for p in parts).encode()).hexdigest()[:n]
+
+
+def new_node_health() -> dict[str, Any]:
+    return {
+        "state": HEALTHY,
+        "since": 0.0,
+        "job": None,
+        "anomalies": [],
+        "failed_jobs": [],
+        "returns": [],
+        "incident": None,
+        "fault_class": None,
+    }
+
+
+def new_job_history(job: str) -> dict[str, Any]:
+    return {
+        "job": job,
+        "status": "unknown",
+        "attempt": 0,
+        "nodes": [],
+        "scheduler": "sim",
+        "checkpoint": None,
+        "failures": [],
+        "node_faults": {},
+        "pending": None,
+        "retries": {"transient": 0, "user": 0},
+        "decided": [],
+    }
+
+
+@dataclass
+class Decision:
+    verdicts: list[Verdict] = field(default_factory=list)
+    node_notices: list[NodeNotice] = field(default_factory=list)
+    job_notices: list[JobNotice] = field(default_factory=list)
+    #: wall-clock time at which the job track wants a ``tick`` for this job
+    tick_at: float | None = None
+
+
+def _verdict(
+    *,
+    ts: float,
+    incident: str,
+    scope: str,
+    subject: str,
+    fault_class: FaultClass | str,
+    confidence: float,
+    actions: list[tuple[ActionName, str, dict[str, Any]]],
+    evidence: dict[str, Any],
+    job: str | None = None,
+    nodes: list[str] | None = None,
+) -> Verdict:
+    fc = FaultClass(fault_class)
+    names = ",".join(a.value for a, _, _ in actions)
+    return Verdict(
+        ts=ts,
+        id=stable_id(scope, subject, incident, fc.value, names),
+        incident=incident,
+        scope=scope,  # type: ignore[arg-type]
+        subject=subject,
+        fault_class=fc,
+        confidence=confidence,
+        evidence=evidence,
+        actions=[PlannedAction(action=a, target=t, params=p) for a, t, p in actions],
+        job=job,
+        nodes=nodes or [],
+    )
+
+
+# ----------------------------------------------------------------------------- node track
+
+
+def _anomaly_brief(a: Anomaly) -> list[Any]:
+    return [a.ts, a.kind, a.fault_class.value, a.severity.value, a.id, a.gpu]
+
+
+def _isolate_node(
+    h: dict[str, Any], node: str, ts: float, fault_class: FaultClass, evidence: dict[str, Any], *,
+    confidence: float, incident: str, hard: bool,
+) -> Decision:
+    d = Decision()
+    job = h.get("job")
+    if hard or not job:
+        actions = [
+            (ActionName.isolate, node, {"reason": fault_class.value}),
+            (ActionName.drain, node, {}),
+            (ActionName.diagnose, node, {}),
+        ]
+    else:
+        # Degrading under a running job: cordon now, let the job reach its next
+        # checkpoint (the job track requeues it then), diagnose once the node is free.
+        actions = [
+            (ActionName.isolate, node, {"reason": fault_class.value}),
+            (ActionName.diagnose, node, {"when": "free"}),
+        ]
+    d.verdicts.append(
+        _verdict(
+            ts=ts, incident=incident, scope="node", subject=node, fault_class=fault_class,
+            confidence=confidence, actions=actions, evidence=evidence, job=job, nodes=[node],
+        )
+    )
+    if job:
+        d.job_notices.append(
+            JobNotice(
+                ts=ts, job=job, node=node, kind="node_fault" if hard else "node_degrading",
+                fault_class=fault_class, incident=incident,
+                anomalies=[str(x) for x in evidence.get("anomalies", [])], evidence=evidence,
+            )
+        )
+    h.update(state=ISOLATED, since=ts, incident=incident, fault_class=fault_class.value)
+    return d
+
+
+def node_on_anomaly(h: dict[str, Any], a: Anomaly, cfg: PolicySettings) -> Decision:
+    """A finding about ``a.node`` (or the node itself): record it, maybe isolate."""
+    node = a.node or a.subject
+    h["anomalies"] = (h["anomalies"] + [_anomaly_brief(a)])[-MAX_KEPT:]
+    if h["state"] in OUT_OF_POOL:
+        return Decision()
+    if a.severity is Severity.critical and a.fault_class in HARD_CLASSES:
+        incident = stable_id("node", node, a.id)
+        evidence = {"anomalies": [a.id], "kind": a.kind, "gpu": a.gpu, "detector": a.detector, **a.evidence}
+        return _isolate_node(h, node, a.ts, a.fault_class, evidence, confidence=0.95, incident=incident, hard=True)
+    if a.severity in (Severity.warning, Severity.critical) and a.fault_class in DEGRADE_CLASSES:
+        lo = a.ts - cfg.degrade_window_s
+        recent = [x for x in h["anomalies"] if x[0] >= lo and x[2] in {c.value for c in DEGRADE_CLASSES} and x[3] != "info"]
+        if len(recent) >= cfg.degrade_confirmations:
+            kinds = sorted({x[1] for x in recent})
+            incident = stable_id("node", node, "degrading", recent[0][4])
+            evidence = {
+                "anomalies": [x[4] for x in recent],
+                "kinds": kinds,
+                "confirmations": len(recent),
+                "window_s": cfg.degrade_window_s,
+                "last": a.evidence,
+            }
+            fc = FaultClass.node_degrading if a.fault_class is FaultClass.node_degrading else a.fault_class
+            return _isolate_node(h, node, a.ts, fc, evidence, confidence=0.8, incident=incident, hard=False)
+        if h["state"] == HEALTHY:
+            h.update(state=SUSPECT, since=a.ts)
+    return Decision()
+
+
+def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings) -> Decision:
+    """What the job track (or diagnostics) says about this node."""
+    node = n.node
+    if n.kind == "placed":
+        h["job"] = n.job
+        return Decision()
+    if n.kind == "released":
+        if h.get("job") == n.job:
+            h["job"] = None
+        return Decision()
+    if n.kind == "job_failed":
+        h["failed_jobs"] = (h["failed_jobs"] + [[n.ts, n.job, n.signature]])[-MAX_KEPT:]
+        if h["state"] in OUT_OF_POOL:
+            return Decision()
+        lo = n.ts - cfg.repeat_failure_window_s
+        jobs = sorted({j for t, j, _ in h["failed_jobs"] if t >= lo})
+        if len(jobs) >= cfg.repeat_failure_jobs:
+            incident = stable_id("node", node, "repeat", *jobs)
+            evidence = {"failed_jobs": jobs, "window_s": cfg.repeat_failure_window_s, "anomalies": []}
+            was_job = h.get("job")
+            h["job"] = n.job if was_job is None else was_job
+            return _isolate_node(h, node, n.ts, FaultClass.unknown, evidence, confidence=0.6, incident=incident, hard=True)
+        return Decision()
+    if n.kind == "diag_started":
+        if h["state"] == ISOLATED:
+            h.update(state=DIAGNOSING, since=n.ts)
+        return Decision()
+    if n.kind in ("diag_passed", "diag_failed"):
+        if h["state"] not in (ISOLATED, DIAGNOSING):
+            return Decision()
+        incident = h.get("incident") or stable_id("node", node, n.job)
+        fc = FaultClass(h.get("fault_class") or FaultClass.unknown.value)
+        if n.kind == "diag_failed":
+            h.update(state=FAILED, since=n.ts)
+            v = _verdict(
+                ts=n.ts, incident=incident, scope="node", subject=node, fault_class=fc, confidence=0.99,
+                actions=[(ActionName.escalate, node, {"reason": "diagnostics failed", "diagnostics": n.job})],
+                evidence={"diagnostics": n.job, "result": "failed", "detail": n.reason}, nodes=[node],
+            )
+            return Decision(verdicts=[v])
+        lo = n.ts - cfg.lemon_window_s
+        returns = [t for t in h["returns"] if t >= lo]
+        if len(returns) + 1 >= cfg.lemon_returns:
+            h.update(state=FAILED, since=n.ts)
+            v = _verdict(
+                ts=n.ts, incident=incident, scope="node", subject=node, fault_class=fc, confidence=0.9,
+                actions=[(ActionName.escalate, node, {"reason": "lemon", "returns": len(returns) + 1})],
+                evidence={"diagnostics": n.job, "result": "passed", "lemon": True, "returns_in_window": len(returns)},
+                nodes=[node],
+            )
+            return Decision(verdicts=[v])
+        h.update(state=HEALTHY, since=n.ts, incident=None, fault_class=None, anomalies=[], failed_jobs=[])
+        h["returns"] = (returns + [n.ts])[-MAX_KEPT:]
+        v = _verdict(
+            ts=n.ts, incident=incident, scope="node", subject=node, fault_class=fc, confidence=0.9,
+            actions=[(ActionName.return_, node, {"diagnostics": n.job})],
+            evidence={"diagnostics": n.job, "result": "passed"}, nodes=[node],
+        )
+        return Decision(verdicts=[v])
+    return Decision()
+
+
+# ------------------------------------------------------------------------------ job track
+
+_NUM = re.compile(r"0x[0-9a-f]+|\d+(\.\d+)?")
+_WS = re.compile(r"\s+")
+TRANSIENT_MARKERS = (
+    "nccl", "watchdog", "timed out", "timeout", "connection reset", "broken pipe",
+    "connection refused", "signal 9", "sigterm", "preempt", "socket",
+)
+HARDWARE_MARKERS = ("uncorrectable ecc", "xid", "fallen off the bus", "gpu is lost", "nvlink", "unspecified launch failure")
+
+
+def failure_signature(event: JobEvent) -> str:
+    """Stable fingerprint of a failure: exit code plus the normalised last error line."""
+    text = (event.log_tail or "").strip().splitlines()
+    last = text[-1] if text else ""
+    basis = f"{event.exit_code}|{event.reason or ''}|{last}".lower()
+    basis = _WS.sub(" ", _NUM.sub("#", basis)).strip()
+    return stable_id("sig", basis, n=12)
+
+
+def _has_traceback(event: JobEvent) -> bool:
+    return "traceback (most recent call last)" in (event.log_tail or "").lower()
+
+
+def _classify_text(event: JobEvent) -> str:
+    text = f"{event.reason or ''}\n{event.log_tail or ''}".lower()
+    if any(m in text for m in HARDWARE_MARKERS):
+        return "hardware_hint"
+    if any(m in text for m in TRANSIENT_MARKERS):
+        return "transient"
+    if _has_traceback(event):
+        return "traceback"
+    return "unknown"
+
+
+def _job_verdict(
+    hist: dict[str, Any], ts: float, incident: str, fc: FaultClass, action: ActionName, confidence: float,
+    evidence: dict[str, Any], params: dict[str, Any] | None = None,
+) -> Verdict:
+    job = hist["job"]
+    p = {"attempt": hist["attempt"], **(params or {})}
+    return _verdict(
+        ts=ts, incident=incident, scope="job", subject=job, fault_class=fc, confidence=confidence,
+        actions=[(action, job, p)], evidence=evidence, job=job, nodes=list(hist["nodes"]),
+    )
+
+
+def _recent_node_faults(hist: dict[str, Any], nodes: list[str], ts: float, horizon: float) -> dict[str, dict]:
+    return {
+        n: f for n, f in hist["node_faults"].items()
+        if n in nodes and f["kind"] == "node_fault" and f["ts"] >= ts - horizon
+    }
+
+
+def _decide_hardware(hist: dict[str, Any], ts: float, faults: dict[str, dict], failure: dict | None) -> Decision:
+    first = min(faults.values(), key=lambda f: f["ts"])
+    exclude = sorted(faults)
+    v = _job_verdict(
+        hist, ts, first["incident"], FaultClass(first["fault_class"]), ActionName.requeue, 0.95,
+        {"node_faults": faults, "failure": failure},
+        {"exclude": exclude, "from_checkpoint": True},
+    )
+    hist["decided"] = (hist["decided"] + [hist["attempt"]])[-MAX_KEPT:]
+    hist["pending"] = None
+    hist["status"] = "requeued"
+    return Decision(verdicts=[v])
+
+
+def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySettings) -> Decision:
+    failure = hist["failures"][-1]
+    hint = failure["hint"]
+    incident = stable_id("job", hist["job"], failure["attempt"])
+    d = Decision()
+    previous = [f for f in hist["failures"][:-1] if f["signature"] == failure["signature"]]
+    disjoint = any(not set(f["nodes"]) & set(failure["nodes"]) for f in previous)
+    repeated_tb = hint == "traceback" and any(f["hint"] == "traceback" for f in previous)
+    if previous and (repeated_tb or (disjoint and hint not in ("transient", "hardware_hint"))):
+        ev = {"signature": failure["signature"], "repeats": len(previous) + 1, "disjoint_nodes": disjoint,
+              "reason": failure["reason"]}
+        if hist["retries"]["user"] >= cfg.user_error_retries:
+            d.verdicts.append(_job_verdict(hist, ts, incident, FaultClass.user_error, ActionName.stop, 0.9, ev))
+            hist["status"] = "stopped"
+        else:
+            hist["retries"]["user"] += 1
+            d.verdicts.append(_job_verdict(hist, ts, incident, FaultClass.user_error, ActionName.retry, 0.6, ev))
+    else:
+        fc = FaultClass.transient_software if hint in ("transient", "traceback") else FaultClass.unknown
+        ev = {"signature": failure["signature"], "hint": hint, "reason": failure["reason"],
+              "exit_code": failure["exit_code"], "node_anomalies": "none"}
+        if hint == "traceback":
+            hist["retries"]["user"] += 1
+        if hint == "hardware_hint" or hist["retries"]["transient"] >= cfg.transient_retries:
+            action = ActionName.requeue
+        else:
+            action = ActionName.retry
+            if hint != "traceback":
+                hist["retries"]["transient"] += 1
+        d.verdicts.append(_job_verdict(hist, ts, incident, fc, action, 0.7, ev, {"exclude": []} if action is ActionName.requeue else None))
+        # Unattributed failures feed each node's repeat-failure count.
+        for n in failure["nodes"]:
+            d.node_notices.append(
+                NodeNotice(ts=ts, node=n, kind="job_failed", job=hist["job"], attempt=failure["attempt"],
+                           reason=failure["reason"], signature=failure["signature"])
+            )
+    hist["decided"] = (hist["decided"] + [failure["attempt"]])[-MAX_KEPT:]
+    hist["pending"] = None
+    hist["status"] = "decided"
+    return d
+
+
+def job_on_event(hist: dict[str, Any], e: JobEvent, cfg: PolicySettings, wall_now: float) -> Decision:
+    """A job lifecycle event from a scheduler watcher or the simulator."""
+    d = Decision()
+    if e.diagnostics_for:
+        if e.event in (JobEventKind.started,):
+            d.node_notices.append(NodeNotice(ts=e.ts, node=e.diagnostics_for, kind="diag_started", job=e.job))
+        elif e.event in (JobEventKind.completed, JobEventKind.failed):
+            kind = "diag_passed" if e.event is JobEventKind.completed else "diag_failed"
+            d.node_notices.append(
+                NodeNotice(ts=e.ts, node=e.diagnostics_for, kind=kind, job=e.job, reason=e.reason)
+            )
+        hist["status"] = e.event.value
+        return d
+
+    if e.attempt < hist["attempt"]:
+        return d  # a late event of an older attempt
+    hist["scheduler"] = e.scheduler
+    if e.event is JobEventKind.started:
+        old = set(hist["nodes"])
+        hist.update(status="running", attempt=e.attempt, nodes=list(e.nodes))
+        if hist["pending"] and hist["pending"].get("attempt", 0) < e.attempt:
+            hist["pending"] = None
+        for n in e.nodes:
+            d.node_notices.append(NodeNotice(ts=e.ts, node=n, kind="placed", job=e.job, attempt=e.attempt))
+        for n in sorted(old - set(e.nodes)):
+            d.node_notices.append(NodeNotice(ts=e.ts, node=n, kind="released", job=e.job, attempt=e.attempt))
+        return d
+    if e.nodes:
+        hist["nodes"] = list(e.nodes)
+    hist["attempt"] = max(hist["attempt"], e.attempt)
+    pend = hist["pending"]
+    if e.event is JobEventKind.checkpoint:
+        hist["checkpoint"] = {"step": e.checkpoint_step if e.checkpoint_step is not None else e.step, "ts": e.ts}
+        if pend and pend["kind"] == "migrate" and pend["attempt"] == e.attempt:
+            return _migrate(hist, e.ts, pend, reason="checkpoint reached")
+        return d
+    if e.event is JobEventKind.progress:
+        hist["status"] = "running"
+        if pend and pend["kind"] == "migrate" and e.ts >= pend["deadline_ts"]:
+            return _migrate(hist, e.ts, pend, reason="checkpoint deadline passed")
+        return d
+    if e.event is JobEventKind.completed:
+        hist["status"] = "completed"
+        hist["pending"] = None
+        for n in hist["nodes"]:
+            d.node_notices.append(NodeNotice(ts=e.ts, node=n, kind="released", job=e.job, attempt=e.attempt))
+        return d
+    # failed
+    if e.attempt in hist["decided"] or (pend and pend["kind"] == "failure" and pend["attempt"] == e.attempt):
+        return d  # a duplicate of a failure already judged or being judged
+    nodes = list(e.nodes or hist["nodes"])
+    failure = {
+        "attempt": e.attempt, "ts": e.ts, "signature": failure_signature(e), "hint": _classify_text(e),
+        "reason": (e.reason or "")[:300], "exit_code": e.exit_code, "nodes": nodes,
+    }
+    hist["failures"] = (hist["failures"] + [failure])[-MAX_KEPT:]
+    hist["status"] = "failed"
+    faults = _recent_node_faults(hist, nodes, e.ts, cfg.degrade_window_s)
+    if faults:
+        return _decide_hardware(hist, e.ts, faults, failure)
+    hist["pending"] = {"kind": "failure", "attempt": e.attempt, "deadline_wall": wall_now + cfg.correlation_grace_s, "ts": e.ts}
+    d.tick_at = wall_now + cfg.correlation_grace_s
+    return d
+
+
+def _migrate(hist: dict[str, Any], ts: float, pend: dict[str, Any], *, reason: str) -> Decision:
+    v = _job_verdict(
+        hist, ts, pend["incident"], FaultClass(pend["fault_class"]), ActionName.requeue, 0.8,
+        {"node": pend["node"], "reason": reason, "checkpoint": hist["checkpoint"]},
+        {"exclude": [pend["node"]], "from_checkpoint": True},
+    )
+    hist["pending"] = None
+    return Decision(verdicts=[v])
+
+
+def job_on_notice(hist: dict[str, Any], n: JobNotice, cfg: PolicySettings, wall_now: float) -> Decision:
+    """A node's owner reports a fault or degradation on a node of this job, or a tick."""
+    if n.kind == "tick":
+        return job_on_tick(hist, cfg, wall_now, n.ts)
+    hist["node_faults"][n.node] = {
+        "kind": n.kind, "fault_class": n.fault_class.value, "incident": n.incident, "ts": n.ts,
+    }
+    pend = hist["pending"]
+    if n.kind == "node_fault":
+        if pend and pend["kind"] == "failure" and n.node in hist["failures"][-1]["nodes"]:
+            faults = _recent_node_faults(hist, hist["failures"][-1]["nodes"], pend["ts"], cfg.degrade_window_s)
+            return _decide_hardware(hist, n.ts, faults, hist["failures"][-1])
+        return Decision()
+    # node_degrading: move the job off the node at its next checkpoint (or deadline)
+    if hist["status"] == "running" and n.node in hist["nodes"] and not pend:
+        hist["pending"] = {
+            "kind": "migrate", "attempt": hist["attempt"], "node": n.node, "incident": n.incident,
+            "fault_class": n.fault_class.value, "deadline_ts": n.ts + cfg.checkpoint_deadline_s,
+        }
+    return Decision()
+
+
+def job_on_tick(hist: dict[str, Any], cfg: PolicySettings, wall_now: float, ts: float) -> Decision:
+    pend = hist["pending"]
+    if not pend or pend["kind"] != "failure":
+        return Decision()
+    if wall_now < pend["deadline_wall"]:
+        return Decision(tick_at=pend["deadline_wall"])
+    return _decide_without_node_evidence(hist, max(ts, pend["ts"]), cfg)

@@ -1,0 +1,618 @@
+"""A simulated GPU cluster: telemetry into Kafka, a cluster API that reacts to actions.
+
+* ``N`` nodes x 8 GPUs (H100-like baselines with noise), 4 fabric ports per node cabled
+  to leaf switches; multi-node training jobs that progress, checkpoint and finish; a
+  scheduler that places jobs on free, schedulable nodes.
+* Telemetry at 1 Hz of simulated time (network every ``network_every`` s), sped up by
+  ``speed`` against the wall clock.
+* A catalogue of injectable faults, each with ground truth: transient crash, NCCL
+  timeout, deterministic user bug, Xid 79 (fallen off the bus), ECC DBE, a slow ECC SBE
+  rise that ends in a failure at a set time, NVLink errors, thermal throttling.
+* A loopback HTTP API (``POST /actions``) through which :class:`actuators.sim.SimBackend`
+  acts: isolated nodes get no new jobs, requeued jobs restart elsewhere from their last
+  checkpoint, diagnostics run on free isolated nodes and report through ``telemetry.job``.
+
+Per-node step-time noise is lognormal with sigma 0.05, the typical cross-worker
+coefficient of variation in Alibaba PAI's mini-batch traces (shared/data/alibaba-minibatch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import random
+import time
+from collections import Counter as Tally
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+log = logging.getLogger("fleetmedic.sim")
+
+GPUS = 8
+PORTS = 4
+HW_THERMAL, SW_THERMAL = 0x40, 0x20
+
+FAULT_KINDS = ("transient_crash", "nccl_timeout", "user_bug", "xid79", "ecc_dbe", "sbe_rise", "nvlink", "thermal")
+HARDWARE_KINDS = frozenset({"xid79", "ecc_dbe", "sbe_rise", "nvlink", "thermal"})
+TRANSIENT_KINDS = frozenset({"transient_crash", "nccl_timeout"})
+DEGRADING_KINDS = frozenset({"sbe_rise", "thermal"})
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float  # sim seconds from start
+    node: str | None = None
+    gpu: int = 0
+    job: str | None = None
+    fail_at: float | None = None  # sbe_rise / nvlink: when the hardware finally fails
+    applied_ts: float | None = None
+
+
+@dataclass
+class Node:
+    name: str
+    leaf: str
+    rng: np.random.Generator
+    sbe: np.ndarray = field(default_factory=lambda: np.zeros(GPUS, dtype=np.int64))
+    dbe: np.ndarray = field(default_factory=lambda: np.zeros(GPUS, dtype=np.int64))
+    nvl: np.ndarray = field(default_factory=lambda: np.zeros((3, GPUS), dtype=np.int64))
+    pcie: np.ndarray = field(default_factory=lambda: np.zeros(GPUS, dtype=np.int64))
+    lost: np.ndarray = field(default_factory=lambda: np.zeros(GPUS, dtype=bool))
+    remap_failure: np.ndarray = field(default_factory=lambda: np.zeros(GPUS, dtype=bool))
+    port_counters: np.ndarray = field(default_factory=lambda: np.zeros((7, PORTS), dtype=np.int64))
+    xids: list[tuple[int, int]] = field(default_factory=list)
+    cordoned: bool = False
+    broken: bool = False  # ground truth: hardware is faulty
+    fault: Fault | None = None
+    thermal_gpu: int | None = None
+    nvlink_gpu: int | None = None
+    sbe_gpu: int | None = None
+    job: str | None = None
+    diag_wanted: bool = False
+    diag_started: float | None = None
+    diag_runs: int = 0
+    escalated: bool = False
+
+
+@dataclass
+class Job:
+    id: str
+    size: int
+    steps_total: int
+    step_time: float
+    attempt: int = 1
+    nodes: list[str] = field(default_factory=list)
+    step: float = 0.0
+    checkpoint_step: int = 0
+    status: str = "pending"  # pending, running, failed, completed, stopped
+    user_bug_after: float | None = None
+    started_at: float = 0.0
+    failed_at: float | None = None
+    exclude: set[str] = field(default_factory=set)
+    from_checkpoint: bool = False
+
+
+@dataclass
+class SimConfig:
+    nodes: int = 32
+    speed: float = 10.0
+    duration: float = 120.0  # wall seconds of simulated running
+    seed: int = 1
+    utilization: float = 0.7
+    checkpoint_every: float = 60.0
+    progress_every: float = 10.0
+    network_every: float = 5.0
+    diag_duration: float = 60.0
+    auto_retry_after: float = 300.0  # a failed job nobody acted on is retried by its controller
+    nodes_per_leaf: int = 16
+    faults: str = "demo"  # "demo", "none" or a comma list of kinds
+    quiet_tail: float = 250.0  # sim seconds at the end without new faults
+
+
+def demo_faults(cfg: SimConfig, rng: random.Random) -> list[Fault]:
+    """The demo's fault plan: every kind in the catalogue, spread over the run."""
+    total = cfg.duration * cfg.speed
+    last = max(200.0, total - cfg.quiet_tail)
+    plan: list[Fault] = []
+    if cfg.faults == "none":
+        return plan
+    kinds = list(FAULT_KINDS) if cfg.faults == "demo" else [k.strip() for k in cfg.faults.split(",") if k.strip()]
+    for k in kinds:
+        if k not in FAULT_KINDS:
+            raise ValueError(f"faults: unknown fault kind {k!r}; known: {', '.join(FAULT_KINDS)}")
+    # degradation first: it needs a full detection window and time to ramp
+    slots: list[tuple[str, float]] = []
+    for k in kinds:
+        if k == "sbe_rise":
+            slots.append((k, 130.0))
+        elif k == "nvlink":
+            slots.append((k, 160.0))
+        elif k == "thermal":
+            slots.append((k, 180.0))
+    others = [k for k in kinds if k not in ("sbe_rise", "nvlink", "thermal")]
+    for i, k in enumerate(others):
+        lo = 150.0 + i * (last - 150.0) / max(len(others), 1)
+        slots.append((k, lo + rng.random() * 30.0))
+    if cfg.faults == "demo" and total >= 1000:
+        slots.append(("xid79", min(last, 150.0 + rng.random() * (last - 150.0))))
+        slots.append(("nccl_timeout", min(last, 200.0 + rng.random() * (last - 200.0))))
+    for k, at in sorted(slots, key=lambda x: x[1]):
+        f = Fault(kind=k, at=at)
+        if k == "sbe_rise":
+            f.fail_at = at + 360.0
+        if k == "nvlink":
+            f.fail_at = at + 150.0
+        plan.append(f)
+    return plan
+
+
+class Cluster:
+    """The simulated cluster's state and its reaction to actions."""
+
+    def __init__(self, cfg: SimConfig, t0: float | None = None) -> None:
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.np_rng = np.random.default_rng(cfg.seed)
+        self.t0 = t0 if t0 is not None else time.time()
+        self.now = 0.0
+        self.nodes: dict[str, Node] = {}
+        for i in range(cfg.nodes):
+            name = f"node-{i:04d}"
+            self.nodes[name] = Node(name=name, leaf=f"leaf-{i // cfg.nodes_per_leaf:02d}",
+                                    rng=np.random.default_rng(cfg.seed * 100003 + i))
+        self.jobs: dict[str, Job] = {}
+        self.job_seq = 0
+        self.faults = demo_faults(cfg, self.rng)
+        self.pending_faults = list(self.faults)
+        self.out: list[tuple[str, str, bytes]] = []  # (topic short name, key, value)
+        self.events: list[dict[str, Any]] = []  # ground-truth event log
+        self.applied_keys: dict[str, dict[str, Any]] = {}
+        self.counts = Tally()
+
+    # -------------------------------------------------------------------------- helpers
+
+    def ts(self) -> float:
+        return self.t0 + self.now
+
+    def emit(self, topic: str, key: str, record: dict[str, Any]) -> None:
+        record.setdefault("ts", self.ts())
+        self.out.append((topic, key, orjson.dumps(record)))
+
+    def job_event(self, job: Job, event: str, **extra: Any) -> None:
+        rec = {"schema": "job/1", "job": job.id, "event": event, "scheduler": "sim", "nodes": list(job.nodes),
+               "attempt": job.attempt, **extra}
+        self.emit("telemetry.job", job.id, rec)
+
+    def free_nodes(self, exclude: set[str]) -> list[str]:
+        return [n.name for n in self.nodes.values()
+                if n.job is None and not n.cordoned and not n.diag_wanted and n.diag_started is None
+                and n.name not in exclude and not (n.broken and n.fault and n.fault.kind in ("xid79",))]
+
+    def new_job(self) -> Job:
+        self.job_seq += 1
+        size = self.rng.choice([2, 4, 4, 4, 8])
+        size = min(size, max(2, self.cfg.nodes // 4))
+        j = Job(id=f"train-{self.job_seq:04d}", size=size, steps_total=self.rng.randint(2000, 6000),
+                step_time=self.rng.uniform(0.8, 1.6))
+        self.jobs[j.id] = j
+        return j
+
+    # -------------------------------------------------------------------------- scheduling
+
+    def schedule(self) -> None:
+        busy = sum(1 for n in self.nodes.values() if n.job)
+        target = int(self.cfg.utilization * len(self.nodes))
+        pending = [j for j in self.jobs.values() if j.status == "pending"]
+        if not pending and busy < target - 1:
+            pending = [self.new_job()]
+        for j in pending:
+            free = self.free_nodes(j.exclude)
+            if len(free) < j.size:
+                continue
+            self.rng.shuffle(free)
+            self.start(j, sorted(free[: j.size]))
+
+    def start(self, j: Job, nodes: list[str]) -> None:
+        for n in j.nodes:
+            if self.nodes[n].job == j.id:
+                self.nodes[n].job = None
+        j.nodes = nodes
+        for n in nodes:
+            self.nodes[n].job = j.id
+        j.status = "running"
+        j.started_at = self.now
+        j.failed_at = None
+        if j.from_checkpoint or j.attempt > 1:
+            j.step = float(j.checkpoint_step)
+        self.job_event(j, "started", step=int(j.step))
+
+    def release(self, j: Job) -> None:
+        for n in j.nodes:
+            if self.nodes[n].job == j.id:
+                self.nodes[n].job = None
+
+    def fail_job(self, j: Job, reason: str, exit_code: int, log_tail: str) -> None:
+        if j.status != "running":
+            return
+        j.status = "failed"
+        j.failed_at = self.now
+        self.release(j)
+        self.job_event(j, "failed", step=int(j.step), exit_code=exit_code, reason=reason, log_tail=log_tail)
+        self.counts["job_failures"] += 1
+
+    # -------------------------------------------------------------------------- faults
+
+    def _pick_busy_node(self) -> Node | None:
+        busy = [n for n in self.nodes.values() if n.job and not n.fault and not n.cordoned]
+        if not busy:
+            busy = [n for n in self.nodes.values() if not n.fault and not n.cordoned]
+        return self.rng.choice(busy) if busy else None
+
+    def _pick_running_job(self) -> Job | None:
+        running = [j for j in self.jobs.values() if j.status == "running"
+                   and not any(self.nodes[n].fault for n in j.nodes)]
+        return self.rng.choice(running) if running else None
+
+    def apply_fault(self, f: Fault) -> bool:
+        if f.kind in ("transient_crash", "nccl_timeout", "user_bug"):
+            j = self._pick_running_job()
+            if j is None:
+                return False
+            f.job = j.id
+            if f.kind == "transient_crash":
+                self.fail_job(j, "worker process exited with signal 9", -9,
+                              "RuntimeError: [c10d] Connection reset by peer\nsignal 9 (SIGKILL) received by PID 4711")
+            elif f.kind == "nccl_timeout":
+                self.fail_job(j, "NCCL watchdog timeout", -6,
+                              "[Rank 12] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=88213, "
+                              "OpType=ALLREDUCE, NumelIn=1048576, Timeout(ms)=600000) ran for 600042 milliseconds "
+                              "before timing out.")
+            else:
+                j.user_bug_after = 20.0
+                self._user_bug(j)
+        else:
+            node = self._pick_busy_node()
+            if node is None:
+                return False
+            f.node, f.gpu = node.name, self.rng.randrange(GPUS)
+            f.job = node.job
+            node.fault = f
+            g = f.gpu
+            if f.kind == "xid79":
+                node.broken = True
+                node.lost[g] = True
+                node.xids.append((g, 79))
+                self._fail_jobs_on(node, "CUDA error: unspecified launch failure",
+                                   f"RuntimeError: CUDA error: unspecified launch failure\nGPU {g} has fallen off the bus")
+            elif f.kind == "ecc_dbe":
+                node.broken = True
+                node.dbe[g] += 1
+                node.xids.append((g, 48))
+                self._fail_jobs_on(node, "CUDA error: uncorrectable ECC error encountered",
+                                   "RuntimeError: CUDA error: uncorrectable ECC error encountered")
+            elif f.kind == "sbe_rise":
+                node.broken = True
+                node.sbe_gpu = g
+            elif f.kind == "nvlink":
+                node.broken = True
+                node.nvlink_gpu = g
+            elif f.kind == "thermal":
+                node.broken = True
+                node.thermal_gpu = g
+        f.applied_ts = self.ts()
+        self.events.append({"t": self.now, "fault": f.kind, "node": f.node, "gpu": f.gpu, "job": f.job})
+        log.info("inject %-15s node=%s gpu=%s job=%s", f.kind, f.node, f.gpu if f.node else "-", f.job)
+        return True
+
+    def _user_bug(self, j: Job) -> None:
+        self.fail_job(j, "exit code 1", 1,
+                      "Traceback (most recent call last):\n  File \"train.py\", line 211, in <module>\n"
+                      "    loss = model(batch[\"labels\"])\nKeyError: 'labels'")
+
+    def _fail_jobs_on(self, node: Node, reason: str, log_tail: str) -> None:
+        if node.job:
+            self.fail_job(self.jobs[node.job], reason, 1, log_tail)
+
+    # -------------------------------------------------------------------------- time
+
+    def tick(self) -> None:
+        """Advance one simulated second and emit its telemetry."""
+        self.now += 1.0
+        for f in list(self.pending_faults):
+            if f.at <= self.now:
+                if self.apply_fault(f) or self.now - f.at > 120:
+                    self.pending_faults.remove(f)
+        for f in self.faults:
+            if f.fail_at is not None and f.node and f.applied_ts is not None and abs(self.now - f.fail_at) < 0.5:
+                node = self.nodes[f.node]
+                if f.kind == "sbe_rise":
+                    node.dbe[f.gpu] += 1
+                    node.remap_failure[f.gpu] = True
+                    node.xids.append((f.gpu, 48))
+                    self.events.append({"t": self.now, "failure": f.kind, "node": f.node, "job": node.job})
+                    self._fail_jobs_on(node, "CUDA error: uncorrectable ECC error encountered",
+                                       "RuntimeError: CUDA error: uncorrectable ECC error encountered")
+                elif f.kind == "nvlink":
+                    node.xids.append((f.gpu, 74))
+                    self.events.append({"t": self.now, "failure": f.kind, "node": f.node, "job": node.job})
+                    self._fail_jobs_on(node, "NCCL error: unhandled system error (NVLink)",
+                                       "torch.distributed.DistBackendError: NCCL error: unhandled system error, "
+                                       "NVLink error detected (Xid 74)")
+        self.schedule()
+        self.advance_jobs()
+        self.run_diagnostics()
+        for node in self.nodes.values():
+            self.emit_gpu(node)
+        if int(self.now) % int(self.cfg.network_every) == 0:
+            for node in self.nodes.values():
+                self.emit_network(node)
+
+    def advance_jobs(self) -> None:
+        for j in list(self.jobs.values()):
+            if j.status == "failed" and j.failed_at is not None and self.now - j.failed_at > self.cfg.auto_retry_after:
+                self.counts["auto_retries"] += 1
+                self._restart(j, same_nodes=False)
+                continue
+            if j.status != "running":
+                continue
+            slow = 1.0
+            for n in j.nodes:
+                if self.nodes[n].thermal_gpu is not None:
+                    slow = max(slow, 1.45)
+            j.step += 1.0 / (j.step_time * slow)
+            elapsed = self.now - j.started_at
+            if j.user_bug_after is not None and elapsed >= j.user_bug_after:
+                self._user_bug(j)
+                continue
+            if elapsed > 0 and int(elapsed) % int(self.cfg.checkpoint_every) == 0:
+                j.checkpoint_step = int(j.step)
+                self.job_event(j, "checkpoint", step=int(j.step), checkpoint_step=j.checkpoint_step)
+            if elapsed > 0 and int(elapsed) % int(self.cfg.progress_every) == 0:
+                times, power = {}, {}
+                for n in j.nodes:
+                    node = self.nodes[n]
+                    factor = 1.45 if node.thermal_gpu is not None else 1.0
+                    times[n] = round(j.step_time * factor * float(np.exp(node.rng.normal(0, 0.05))), 4)
+                    p = 650.0 + node.rng.normal(0, 12.0)
+                    if node.thermal_gpu is not None:
+                        p -= 110.0
+                    power[n] = round(p, 1)
+                self.job_event(j, "progress", step=int(j.step), step_time=round(max(times.values()), 4),
+                               node_step_times=times, node_power=power)
+            if j.step >= j.steps_total:
+                j.status = "completed"
+                self.release(j)
+                self.job_event(j, "completed", step=int(j.step))
+
+    def run_diagnostics(self) -> None:
+        for node in self.nodes.values():
+            if node.diag_wanted and node.job is None and node.diag_started is None:
+                node.diag_started = self.now
+                node.diag_wanted = False
+                node.diag_runs += 1
+                rec = {"schema": "job/1", "job": f"diag-{node.name}-{node.diag_runs}", "event": "started",
+                       "scheduler": "sim", "nodes": [node.name], "attempt": 1, "diagnostics_for": node.name}
+                self.emit("telemetry.job", rec["job"], rec)
+            elif node.diag_started is not None and self.now - node.diag_started >= self.cfg.diag_duration:
+                passed = not node.broken
+                rec = {"schema": "job/1", "job": f"diag-{node.name}-{node.diag_runs}",
+                       "event": "completed" if passed else "failed", "scheduler": "sim", "nodes": [node.name],
+                       "attempt": 1, "diagnostics_for": node.name,
+                       "reason": "dcgmi diag -r 2: pass" if passed else "dcgmi diag -r 2: fail (GPU memory/PCIe/NVLink test)",
+                       **({} if passed else {"exit_code": 1})}
+                node.diag_started = None
+                self.emit("telemetry.job", rec["job"], rec)
+                self.counts["diagnostics_passed" if passed else "diagnostics_failed"] += 1
+
+    # -------------------------------------------------------------------------- telemetry
+
+    def emit_gpu(self, node: Node) -> None:
+        r = node.rng
+        busy = node.job is not None
+        util = np.clip(r.normal(96 if busy else 0.5, 2 if busy else 0.3, GPUS), 0, 100)
+        temp = r.normal(66 if busy else 34, 1.5, GPUS)
+        power = np.clip(r.normal(650 if busy else 72, 12 if busy else 3, GPUS), 0, None)
+        sm = np.full(GPUS, 1980.0 if busy else 345.0)
+        throttle = np.zeros(GPUS, dtype=np.int64)
+        if node.thermal_gpu is not None:
+            g = node.thermal_gpu
+            temp[g] = r.normal(93, 1.0)
+            throttle[g] = HW_THERMAL | SW_THERMAL
+            sm[g] = 1410.0
+            power[g] = max(0.0, power[g] - 220.0)
+        # healthy baselines: rare single-bit ECC, NVLink and PCIe replays
+        node.sbe += r.poisson(2e-4, GPUS)
+        node.nvl += r.poisson(1e-4, (3, GPUS))
+        node.pcie += r.poisson(5e-5, GPUS)
+        f = node.fault
+        if f is not None and f.kind == "sbe_rise" and f.applied_ts is not None:
+            rate = min(5.0, 0.0005 * math.exp((self.now - f.at) / 30.0))
+            node.sbe[f.gpu] += r.poisson(rate)
+        if f is not None and f.kind == "nvlink" and f.applied_ts is not None:
+            node.nvl[0, f.gpu] += r.poisson(2.0)
+            node.nvl[1, f.gpu] += r.poisson(1.0)
+        lost = node.lost
+        for arr in (util, power, temp):
+            arr[lost] = 0.0
+        rec = {
+            "schema": "gpu/1", "node": node.name,
+            "util": np.round(util, 1).tolist(), "temp": np.round(temp, 1).tolist(),
+            "power": np.round(power, 1).tolist(), "sm_clock": sm.tolist(), "mem_clock": [2619.0] * GPUS,
+            "throttle": throttle.tolist(), "ecc_sbe": node.sbe.tolist(), "ecc_dbe": node.dbe.tolist(),
+            "remap_pending": [False] * GPUS, "remap_failure": node.remap_failure.tolist(),
+            "nvlink_crc": node.nvl[0].tolist(), "nvlink_replay": node.nvl[1].tolist(),
+            "nvlink_recovery": node.nvl[2].tolist(), "pcie_replay": node.pcie.tolist(),
+            "lost": lost.tolist(), "xids": [{"gpu": g, "code": c} for g, c in node.xids],
+        }
+        node.xids = []
+        self.emit("telemetry.gpu", node.name, rec)
+
+    def emit_network(self, node: Node) -> None:
+        r = node.rng
+        busy = node.job is not None
+        pc = node.port_counters
+        dt = self.cfg.network_every
+        pc[0] += r.poisson(1e-4 * dt, PORTS)  # symbol errors
+        pc[5] += (r.normal(2.5e10 if busy else 1e6, 1e8 if busy else 1e4, PORTS) * dt).clip(0).astype(np.int64)
+        pc[6] += (r.normal(2.5e10 if busy else 1e6, 1e8 if busy else 1e4, PORTS) * dt).clip(0).astype(np.int64)
+        pc[4] += (r.poisson(2e3 if busy else 1, PORTS) * dt).astype(np.int64)  # xmit wait
+        ports = []
+        for p in range(PORTS):
+            ports.append({
+                "port": f"mlx5_{p}", "switch": node.leaf, "state": "up",
+                "symbol_errors": int(pc[0, p]), "link_error_recovery": 0, "link_downed": int(pc[1, p]),
+                "rcv_errors": int(pc[2, p]), "xmit_discards": int(pc[3, p]), "xmit_wait": int(pc[4, p]),
+                "xmit_bytes": int(pc[5, p]), "rcv_bytes": int(pc[6, p]),
+            })
+        self.emit("telemetry.network", node.name, {"schema": "network/1", "node": node.name, "ports": ports})
+
+    # -------------------------------------------------------------------------- actions
+
+    def _restart(self, j: Job, *, same_nodes: bool, exclude: list[str] | None = None) -> None:
+        j.attempt += 1
+        j.from_checkpoint = True
+        j.exclude |= set(exclude or [])
+        prev = list(j.nodes)
+        self.release(j)
+        j.status = "pending"
+        if same_nodes and all(self.nodes[n].job is None for n in prev):
+            self.start(j, prev)
+
+    def act(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Observe, compare, act, answer: the cluster API behind ``POST /actions``."""
+        key, action, target = body.get("key"), body.get("action"), body.get("target")
+        params = body.get("params") or {}
+        if not key or not action or not target:
+            return 400, {"error": "key, action and target are required"}
+        if key in self.applied_keys:
+            return 200, {"outcome": "already_so", "detail": "this key was applied before"}
+        if action in ("isolate", "drain", "diagnose", "return", "escalate"):
+            node = self.nodes.get(target)
+            if node is None:
+                return 404, {"error": f"no node {target}"}
+            outcome, detail = self._node_action(node, action)
+        elif action in ("retry", "restart", "requeue", "stop"):
+            job = self.jobs.get(target)
+            if job is None:
+                return 404, {"error": f"no job {target}"}
+            outcome, detail = self._job_action(job, action, params)
+        else:
+            return 400, {"error": f"unknown action {action}"}
+        self.applied_keys[key] = {"t": self.now, "action": action, "target": target, "outcome": outcome}
+        self.counts[f"action_{action}_{outcome}"] += 1
+        return 200, {"outcome": outcome, "detail": detail}
+
+    def _node_action(self, node: Node, action: str) -> tuple[str, str]:
+        if action == "isolate":
+            if node.cordoned:
+                return "already_so", "node already cordoned and tainted"
+            node.cordoned = True
+            self.events.append({"t": self.now, "isolated": node.name})
+            return "applied", "cordoned and tainted"
+        if action == "drain":
+            if node.job is None:
+                return "already_so", "no workload on the node"
+            j = self.jobs[node.job]
+            self._restart(j, same_nodes=False, exclude=[node.name])
+            return "applied", f"evicted {j.id}; it restarts elsewhere from step {j.checkpoint_step}"
+        if action == "diagnose":
+            if node.diag_wanted or node.diag_started is not None:
+                return "already_so", "diagnostics already scheduled"
+            node.diag_wanted = True
+            return "applied", "diagnostics scheduled for when the node is free"
+        if action == "return":
+            if not node.cordoned:
+                return "already_so", "node already in service"
+            node.cordoned = False
+            self.events.append({"t": self.now, "returned": node.name})
+            return "applied", "uncordoned"
+        if action == "escalate":
+            if node.escalated:
+                return "already_so", "repair ticket already open"
+            node.escalated = True
+            return "applied", "repair ticket opened"
+        raise AssertionError(action)
+
+    def _job_action(self, j: Job, action: str, params: dict[str, Any]) -> tuple[str, str]:
+        attempt = params.get("attempt")
+        if attempt is not None and attempt != j.attempt:
+            return "already_so", f"attempt {attempt} is over; the job is on attempt {j.attempt}"
+        if action == "stop":
+            if j.status == "stopped":
+                return "already_so", "job already stopped"
+            self.release(j)
+            j.status = "stopped"
+            return "applied", "job stopped"
+        if j.status in ("completed", "stopped"):
+            return "already_so", f"job is {j.status}"
+        if action in ("retry", "restart"):
+            self._restart(j, same_nodes=True)
+            return "applied", f"attempt {j.attempt} on the same nodes"
+        exclude = list(params.get("exclude") or [])
+        self._restart(j, same_nodes=False, exclude=exclude)
+        self.counts["requeues"] += 1
+        return "applied", f"attempt {j.attempt} excluding {exclude} from step {j.checkpoint_step}"
+
+
+# ------------------------------------------------------------------------------ scoring
+
+
+def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[str, Any]]) -> dict[str, Any]:
+    """Compare what fleetmedic decided with the ground truth of the injected faults."""
+    faults = [f for f in cluster.faults if f.applied_ts is not None]
+    t0 = cluster.t0
+    isolate_verdicts: dict[str, float] = {}
+    for v in verdicts:
+        for a in v.get("actions", []):
+            if a.get("action") == "isolate":
+                isolate_verdicts.setdefault(a["target"], v["ts"] - t0)
+    isolations = {}  # node -> first sim time it was really isolated
+    for e in cluster.events:
+        if "isolated" in e:
+            isolations.setdefault(e["isolated"], e["t"])
+    faulty = {f.node: f for f in faults if f.node}
+    hw = [f for f in faults if f.kind in HARDWARE_KINDS]
+    detected = [f for f in hw if f.node in isolate_verdicts and isolate_verdicts[f.node] >= f.at - 1]
+    false_iso = sorted(n for n in isolations if n not in faulty)
+    degrading = [f for f in faults if f.kind in DEGRADING_KINDS]
+    before = [f for f in faults if f.fail_at is not None and f.node in isolations and isolations[f.node] < f.fail_at]
+    transient = [f for f in faults if f.kind in TRANSIENT_KINDS]
+    applied = [a for a in actions if a.get("outcome") in ("applied", "already_so", "dry_run")]
+    requeued = {a["target"] for a in actions if a.get("action") == "requeue" and a.get("outcome") == "applied"}
+    retried_ok = 0
+    for f in transient:
+        vs = [v for v in verdicts if v.get("scope") == "job" and v.get("subject") == f.job]
+        if vs and vs[0]["actions"][0]["action"] == "retry":
+            retried_ok += 1
+    user = [f for f in faults if f.kind == "user_bug"]
+    stopped = sum(1 for f in user if any(v.get("subject") == f.job and v["actions"][0]["action"] == "stop" for v in verdicts))
+    lead = [round(f.fail_at - isolations[f.node], 1) for f in before]
+    return {
+        "faults_injected": len(faults),
+        "hardware_faults": len(hw),
+        "hardware_faults_detected": len(detected),
+        "transient_faults": len(transient),
+        "transient_faults_retried": retried_ok,
+        "user_errors": len(user),
+        "user_errors_stopped": stopped,
+        "false_isolations": len(false_iso),
+        "false_isolated_nodes": false_iso,
+        "degrading_nodes": len(degrading),
+        "isolated_before_failure": len(before),
+        "lead_time_s": lead,
+        "jobs_requeued": len(requeued),
+        "verdicts": len(verdicts),
+        "actions": len(actions),
+        "actions_settled": len(applied),
+        "missed": sorted(f"{f.kind}@{f.node}" for f in hw if f not in detected),
+    }
+
+
+def summary_line(result: dict[str, Any]) -> str:
+    return json.dumps(result, sort_keys=False)

@@ -1,0 +1,73 @@
+"""Topic names and their creation on the broker (idempotent)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from .config import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    compacted: bool = False
+
+
+def topic_specs(s: Settings) -> dict[str, TopicSpec]:
+    """Every topic fleetmedic reads or writes, by its short name."""
+    p, d = s.kafka.partitions, s.kafka.decision_partitions
+    return {
+        short: TopicSpec(s.topic(short), parts)
+        for short, parts in {
+            "telemetry.gpu": p,
+            "telemetry.network": p,
+            "telemetry.job": p,
+            "anomalies": p,
+            "verdicts": d,
+            "actions": d,
+            "deadletter": 1,
+            "internal.node-notices": p,
+            "internal.job-notices": p,
+        }.items()
+    }
+
+
+async def ensure_topics(s: Settings, *, timeout: float = 60.0) -> list[str]:
+    """Create missing topics; return the names created.  Existing topics are left as they are."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import TopicAlreadyExistsError
+
+    specs = topic_specs(s)
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka.bootstrap, request_timeout_ms=int(timeout * 1000))
+    deadline = asyncio.get_running_loop().time() + timeout
+    delay = 0.5
+    while True:
+        try:
+            await admin.start()
+            break
+        except Exception as exc:  # broker not up yet: retry with backoff until the deadline
+            if asyncio.get_running_loop().time() + delay > deadline:
+                raise ConnectionError(f"cannot reach Kafka at {s.kafka.bootstrap}: {exc}") from exc
+            log.warning("Kafka at %s not reachable (%s); retrying in %.1fs", s.kafka.bootstrap, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+    try:
+        existing = set(await admin.list_topics())
+        new = [
+            NewTopic(name=t.name, num_partitions=t.partitions, replication_factor=s.kafka.replication)
+            for t in specs.values()
+            if t.name not in existing
+        ]
+        if new:
+            try:
+                await admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                pass
+        return [t.name for t in new]
+    finally:
+        await admin.close()

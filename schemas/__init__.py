@@ -1,0 +1,34 @@
+"""fleetmedic's wire contract: the records on every topic and their JSON Schemas."""
+
+from .codec import DecodeError, decode, dead_letter, encode
+from .records import (
+    HARDWARE_CLASSES,
+    JOB_ACTIONS,
+    NODE_ACTIONS,
+    ActionName,
+    ActionRecord,
+    Anomaly,
+    DeadLetter,
+    FaultClass,
+    GpuSample,
+    JobEvent,
+    JobEventKind,
+    JobNotice,
+    NetworkSample,
+    NodeNotice,
+    Outcome,
+    PlannedAction,
+    PortSample,
+    Record,
+    Severity,
+    Verdict,
+    Window,
+    XidEvent,
+)
+
+__all__ = [
+    "HARDWARE_CLASSES", "JOB_ACTIONS", "NODE_ACTIONS", "ActionName", "ActionRecord", "Anomaly",
+    "DeadLetter", "DecodeError", "FaultClass", "GpuSample", "JobEvent", "JobEventKind", "JobNotice",
+    "NetworkSample", "NodeNotice", "Outcome", "PlannedAction", "PortSample", "Record", "Severity",
+    "Verdict", "Window", "XidEvent", "decode", "dead_letter", "encode",
+]

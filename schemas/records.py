@@ -1,0 +1,369 @@
+"""The records on every fleetmedic topic.
+
+Every record carries ``schema`` (``"<name>/<major>"``) and ``ts`` (event time, Unix
+seconds).  A consumer that meets a ``schema`` it does not know sends the message to the
+dead-letter topic instead of guessing.  Adding an optional field keeps the major version;
+removing or retyping a field bumps it.
+
+Telemetry is one record per node per interval with per-GPU (or per-port) arrays, so the
+hot path works on arrays rather than on one message per metric.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+
+#: Largest number of GPUs (or fabric ports) one node record may describe.
+MAX_GPUS = 64
+MAX_PORTS = 64
+#: Largest counter value accepted; counters above it are absurd and rejected.
+MAX_COUNTER = 2**62
+#: Longest free text kept in a record (log tails, reasons, details).
+MAX_TEXT = 8192
+
+NodeName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
+Counter = Annotated[int, Field(ge=0, le=MAX_COUNTER)]
+Percent = Annotated[float, Field(ge=0.0, le=100.0)]
+
+
+class FaultClass(str, Enum):
+    """Fault classes of design.md."""
+
+    transient_software = "transient_software"
+    user_error = "user_error"
+    gpu_hardware = "gpu_hardware"
+    gpu_memory = "gpu_memory"
+    nvlink = "nvlink"
+    node_network = "node_network"
+    fabric_switch = "fabric_switch"
+    node_degrading = "node_degrading"
+    unknown = "unknown"
+
+
+HARDWARE_CLASSES = frozenset(
+    {
+        FaultClass.gpu_hardware,
+        FaultClass.gpu_memory,
+        FaultClass.nvlink,
+        FaultClass.node_network,
+        FaultClass.node_degrading,
+    }
+)
+
+
+class ActionName(str, Enum):
+    """Job and node actions of design.md."""
+
+    # job actions
+    retry = "retry"
+    restart = "restart"
+    requeue = "requeue"
+    stop = "stop"
+    # node actions
+    isolate = "isolate"
+    drain = "drain"
+    diagnose = "diagnose"
+    return_ = "return"
+    escalate = "escalate"
+
+
+JOB_ACTIONS = frozenset({ActionName.retry, ActionName.restart, ActionName.requeue, ActionName.stop})
+NODE_ACTIONS = frozenset(
+    {ActionName.isolate, ActionName.drain, ActionName.diagnose, ActionName.return_, ActionName.escalate}
+)
+
+
+class Outcome(str, Enum):
+    applied = "applied"
+    already_so = "already_so"
+    dry_run = "dry_run"
+    held_by_budget = "held_by_budget"
+    failed = "failed"
+
+
+class Severity(str, Enum):
+    info = "info"
+    warning = "warning"
+    critical = "critical"
+
+
+class Record(BaseModel):
+    """Base of every record: strict numbers, no NaN or infinities, extra fields ignored."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True, serialize_by_alias=True)
+
+    ts: float = Field(ge=0.0, le=32503680000.0, description="event time, Unix seconds")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _wire_needs_schema(cls, data: Any, info: ValidationInfo) -> Any:
+        # Records read off the wire must say which schema they follow; records built in
+        # code get the current version by default.
+        if info.context and info.context.get("wire") and isinstance(data, dict) and "schema" not in data:
+            raise ValueError("missing field 'schema' (the record's schema version)")
+        return data
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(exclude_none=True, by_alias=True).encode()
+
+
+# --------------------------------------------------------------------------- telemetry
+
+
+class XidEvent(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    gpu: int = Field(ge=0, lt=MAX_GPUS)
+    code: int = Field(ge=0, le=65535, description="NVIDIA Xid code")
+
+
+PER_GPU_FIELDS = (
+    "util",
+    "temp",
+    "power",
+    "sm_clock",
+    "mem_clock",
+    "throttle",
+    "ecc_sbe",
+    "ecc_dbe",
+    "remap_pending",
+    "remap_failure",
+    "nvlink_crc",
+    "nvlink_replay",
+    "nvlink_recovery",
+    "pcie_replay",
+    "lost",
+)
+
+
+class GpuSample(Record):
+    """One sample of all GPUs of one node (``telemetry.gpu``, key: node).
+
+    Every per-GPU field is a list with one entry per GPU, in GPU index order.  Error
+    counters are cumulative (as NVML reports them); detectors difference them.
+    """
+
+    schema_: Literal["gpu/1"] = Field("gpu/1", alias="schema")
+    node: NodeName
+    util: list[Percent] = Field(description="GPU utilisation, percent")
+    temp: list[Annotated[float, Field(ge=-50.0, le=200.0)]] = Field(description="core temperature, C")
+    power: list[Annotated[float, Field(ge=0.0, le=5000.0)]] = Field(description="power draw, W")
+    sm_clock: list[Annotated[float, Field(ge=0.0, le=10000.0)]] = Field(description="SM clock, MHz")
+    mem_clock: list[Annotated[float, Field(ge=0.0, le=20000.0)]] = Field(description="memory clock, MHz")
+    throttle: list[Annotated[int, Field(ge=0, le=2**32)]] = Field(
+        description="NVML clocks-event (throttle) reason bitmask"
+    )
+    ecc_sbe: list[Counter] = Field(description="volatile single-bit ECC errors, cumulative")
+    ecc_dbe: list[Counter] = Field(description="volatile double-bit ECC errors, cumulative")
+    remap_pending: list[bool] = Field(description="row remapping pending")
+    remap_failure: list[bool] = Field(description="row remapping failed")
+    nvlink_crc: list[Counter] = Field(description="NVLink CRC errors over all links, cumulative")
+    nvlink_replay: list[Counter] = Field(description="NVLink replay errors over all links, cumulative")
+    nvlink_recovery: list[Counter] = Field(description="NVLink recovery errors over all links, cumulative")
+    pcie_replay: list[Counter] = Field(description="PCIe replay counter, cumulative")
+    lost: list[bool] = Field(description="GPU not reachable (fallen off the bus, NVML GPU_IS_LOST)")
+    xids: list[XidEvent] = Field(default_factory=list, description="Xid events since the previous sample")
+
+    @model_validator(mode="after")
+    def _same_length(self) -> "GpuSample":
+        n = len(self.util)
+        if n == 0 or n > MAX_GPUS:
+            raise ValueError(f"util: a node has 1..{MAX_GPUS} GPUs, got {n}")
+        for name in PER_GPU_FIELDS:
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name}: expected {n} entries (one per GPU), got {len(getattr(self, name))}")
+        for x in self.xids:
+            if x.gpu >= n:
+                raise ValueError(f"xids: gpu index {x.gpu} out of range for {n} GPUs")
+        return self
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.util)
+
+
+class PortSample(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    port: str = Field(min_length=1, max_length=64)
+    switch: str = Field(min_length=1, max_length=253, description="id of the switch this port is cabled to")
+    state: Literal["up", "down"]
+    symbol_errors: Counter
+    link_error_recovery: Counter = 0
+    link_downed: Counter
+    rcv_errors: Counter
+    xmit_discards: Counter
+    xmit_wait: Counter
+    xmit_bytes: Counter
+    rcv_bytes: Counter
+
+
+class NetworkSample(Record):
+    """One sample of all fabric ports of one node (``telemetry.network``, key: node).
+
+    Counters are cumulative, as the InfiniBand/Ethernet port counters report them.
+    """
+
+    schema_: Literal["network/1"] = Field("network/1", alias="schema")
+    node: NodeName
+    ports: list[PortSample] = Field(min_length=1, max_length=MAX_PORTS)
+
+
+class JobEventKind(str, Enum):
+    started = "started"
+    progress = "progress"
+    checkpoint = "checkpoint"
+    failed = "failed"
+    completed = "completed"
+
+
+class JobEvent(Record):
+    """A job lifecycle event (``telemetry.job``, key: job id)."""
+
+    schema_: Literal["job/1"] = Field("job/1", alias="schema")
+    job: str = Field(min_length=1, max_length=253)
+    event: JobEventKind
+    scheduler: str = Field("sim", max_length=64, description="kubernetes, slurm or sim")
+    nodes: list[NodeName] = Field(default_factory=list, max_length=100000)
+    attempt: int = Field(1, ge=1, le=100000)
+    step: int | None = Field(None, ge=0)
+    step_time: float | None = Field(None, ge=0.0, le=86400.0, description="seconds per step, job-wide")
+    node_step_times: dict[str, Annotated[float, Field(ge=0.0, le=86400.0)]] | None = Field(
+        None, description="seconds per step per node, for peer comparison"
+    )
+    node_power: dict[str, Annotated[float, Field(ge=0.0, le=100000.0)]] | None = Field(
+        None, description="mean GPU power per node, W, for peer comparison"
+    )
+    checkpoint_step: int | None = Field(None, ge=0)
+    exit_code: int | None = Field(None, ge=-255, le=255)
+    reason: str | None = Field(None, max_length=MAX_TEXT)
+    log_tail: str | None = Field(None, max_length=MAX_TEXT)
+    exclude: list[NodeName] = Field(default_factory=list, description="nodes this attempt must avoid")
+    diagnostics_for: NodeName | None = Field(
+        None, description="set on diagnostics jobs: the node under test (its outcome returns or fails the node)"
+    )
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+class Window(BaseModel):
+    start: float
+    end: float
+
+
+class Anomaly(Record):
+    """A detector finding (``anomalies``, key: subject)."""
+
+    schema_: Literal["anomaly/1"] = Field("anomaly/1", alias="schema")
+    id: str
+    detector: str
+    subject_type: Literal["gpu", "node", "port", "switch", "job"]
+    subject: str
+    node: str | None = None
+    gpu: int | None = None
+    kind: str
+    fault_class: FaultClass
+    score: float
+    severity: Severity
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    window: Window | None = None
+
+
+class PlannedAction(BaseModel):
+    action: ActionName
+    target: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class Verdict(Record):
+    """A fault verdict (``verdicts``, key: subject).
+
+    ``incident`` links verdicts that come from one failure: a hardware fault during a job
+    yields a job verdict (requeue elsewhere) and a node verdict (isolate, diagnose) with
+    the same incident.
+    """
+
+    schema_: Literal["verdict/1"] = Field("verdict/1", alias="schema")
+    id: str
+    incident: str
+    scope: Literal["job", "node", "switch"]
+    subject: str
+    fault_class: FaultClass
+    confidence: float = Field(ge=0.0, le=1.0)
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    actions: list[PlannedAction]
+    job: str | None = None
+    nodes: list[str] = Field(default_factory=list)
+
+
+class ActionRecord(Record):
+    """What an actuator did (``actions``, key: target)."""
+
+    schema_: Literal["action/1"] = Field("action/1", alias="schema")
+    key: str = Field(description="idempotency key: verdict id + action + target")
+    verdict_id: str
+    action: ActionName
+    target: str
+    backend: str
+    outcome: Outcome
+    detail: str = ""
+    attempts: int = 1
+
+
+class DeadLetter(Record):
+    """Undecodable or invalid input with the reason (``deadletter``)."""
+
+    schema_: Literal["deadletter/1"] = Field("deadletter/1", alias="schema")
+    source_topic: str
+    partition: int | None = None
+    offset: int | None = None
+    key: str | None = None
+    reason: str
+    payload: str = Field(description="the offending payload, truncated, as text")
+
+
+# --------------------------------------------------------------------------- internal
+
+
+class NodeNotice(Record):
+    """Internal: what the job track tells a node's owner (key: node)."""
+
+    schema_: Literal["node-notice/1"] = Field("node-notice/1", alias="schema")
+    node: str
+    kind: Literal["placed", "released", "job_failed", "diag_started", "diag_passed", "diag_failed"]
+    job: str
+    attempt: int = 1
+    reason: str | None = None
+    signature: str | None = None
+
+
+class JobNotice(Record):
+    """Internal: what a node's owner tells the job track (key: job)."""
+
+    schema_: Literal["job-notice/1"] = Field("job-notice/1", alias="schema")
+    job: str
+    node: str
+    kind: Literal["node_fault", "node_degrading", "tick"]
+    fault_class: FaultClass
+    incident: str
+    anomalies: list[str] = Field(default_factory=list)
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+#: Every public record, by the short name used for its JSON Schema file.
+PUBLIC_RECORDS: dict[str, type[Record]] = {
+    "gpu": GpuSample,
+    "network": NetworkSample,
+    "job": JobEvent,
+    "anomaly": Anomaly,
+    "verdict": Verdict,
+    "action": ActionRecord,
+    "deadletter": DeadLetter,
+}
+
+
+def finite(x: float) -> bool:
+    return not (math.isnan(x) or math.isinf(x))

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs the whole suite: starts the embedded Kafka broker in a private state dir, runs
+# the layer contracts, unit and integration tests, and stops the broker afterwards.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+export FLEETMEDIC_STATE=${FLEETMEDIC_TEST_STATE:-${TMPDIR:-/tmp}/fleetmedic-test-$$}
+cleanup() { bash deploy/kafka.sh stop >/dev/null 2>&1 || true; rm -rf "$FLEETMEDIC_STATE"; }
+trap cleanup EXIT
+echo "== layer contracts"
+.venv/bin/lint-imports
+echo "== starting Kafka"
+FLEETMEDIC_BOOTSTRAP=$(bash deploy/kafka.sh start | tail -n1)
+export FLEETMEDIC_BOOTSTRAP
+echo "Kafka at $FLEETMEDIC_BOOTSTRAP"
+echo "== tests"
+set +e
+"$PY" -m pytest tests -q -p no:cacheprovider "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: failing" >&2
+  exit 1
+fi
+exit "$rc"
