@@ -229,7 +229,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             if rec is None:
                 continue
             node = rec.node if isinstance(rec, NodeNotice) else (rec.node or rec.subject)
-            health = node_to_health[node] or policy.new_node_health()
+            health = node_to_health.get(node) or policy.new_node_health()
             try:
                 if isinstance(rec, Anomaly):
                     d = policy.node_on_anomaly(health, rec, s.policy)
@@ -250,7 +250,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             rec = await decode_event(event, model)
             if rec is None:
                 continue
-            hist = job_to_history[rec.job] or policy.new_job_history(rec.job)
+            hist = job_to_history.get(rec.job) or policy.new_job_history(rec.job)
             now = time.time()
             try:
                 if isinstance(rec, JobEvent):
@@ -308,7 +308,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             rec = await decode_event(event, Verdict)
             if rec is None:
                 continue
-            saved = breaker_state["isolations"]
+            saved = breaker_state.get("isolations")
             if saved and not breaker.snapshot():
                 breaker.restore(saved)
             try:
@@ -353,11 +353,11 @@ class _TableLedger:
         self.table = table
 
     def get(self, key: str, default: Any = None) -> Any:
-        v = self.table[key]
+        v = self.table.get(key)
         return default if v is None else v
 
     def __getitem__(self, key: str) -> Any:
-        v = self.table[key]
+        v = self.table.get(key)
         if v is None:
             raise KeyError(key)
         return v

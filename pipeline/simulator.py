@@ -240,16 +240,18 @@ class Cluster:
     def fail_job(self, j: Job, reason: str, exit_code: int, log_tail: str) -> None:
         if j.status != "running":
             return
+        # A failed gang-scheduled job keeps its allocation until someone decides: its
+        # controller restarts it in place (retry) or it is requeued elsewhere.
         j.status = "failed"
         j.failed_at = self.now
-        self.release(j)
         self.job_event(j, "failed", step=int(j.step), exit_code=exit_code, reason=reason, log_tail=log_tail)
         self.counts["job_failures"] += 1
 
     # -------------------------------------------------------------------------- faults
 
     def _pick_busy_node(self) -> Node | None:
-        busy = [n for n in self.nodes.values() if n.job and not n.fault and not n.cordoned]
+        busy = [n for n in self.nodes.values() if n.job and self.jobs[n.job].status == "running"
+                and not n.fault and not n.cordoned]
         if not busy:
             busy = [n for n in self.nodes.values() if not n.fault and not n.cordoned]
         return self.rng.choice(busy) if busy else None
@@ -479,10 +481,11 @@ class Cluster:
         j.from_checkpoint = True
         j.exclude |= set(exclude or [])
         prev = list(j.nodes)
-        self.release(j)
         j.status = "pending"
-        if same_nodes and all(self.nodes[n].job is None for n in prev):
+        if same_nodes and all(self.nodes[n].job in (None, j.id) for n in prev):
             self.start(j, prev)
+        else:
+            self.release(j)
 
     def act(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """Observe, compare, act, answer: the cluster API behind ``POST /actions``."""
@@ -548,6 +551,7 @@ class Cluster:
                 return "already_so", "job already stopped"
             self.release(j)
             j.status = "stopped"
+            self.counts["stopped"] += 1
             return "applied", "job stopped"
         if j.status in ("completed", "stopped"):
             return "already_so", f"job is {j.status}"
@@ -586,9 +590,14 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
     applied = [a for a in actions if a.get("outcome") in ("applied", "already_so", "dry_run")]
     requeued = {a["target"] for a in actions if a.get("action") == "requeue" and a.get("outcome") == "applied"}
     retried_ok = 0
+    def first_job_verdict(f: Fault) -> dict[str, Any] | None:
+        vs = sorted((v for v in verdicts if v.get("scope") == "job" and v.get("subject") == f.job
+                     and v["ts"] - t0 >= f.at - 1), key=lambda v: v["ts"])
+        return vs[0] if vs else None
+
     for f in transient:
-        vs = [v for v in verdicts if v.get("scope") == "job" and v.get("subject") == f.job]
-        if vs and vs[0]["actions"][0]["action"] == "retry":
+        v = first_job_verdict(f)
+        if v is not None and v["actions"][0]["action"] == "retry":
             retried_ok += 1
     user = [f for f in faults if f.kind == "user_bug"]
     stopped = sum(1 for f in user if any(v.get("subject") == f.job and v["actions"][0]["action"] == "stop" for v in verdicts))

@@ -1,0 +1,861 @@
+"""Carry verdicts out on Kubernetes with the official ``kubernetes`` client.
+
+Every operation is one reconcile pass: observe the live objects, compare them with what
+the action wants, act only on the difference, report ``applied`` or ``already_so``.  A
+replayed verdict therefore changes nothing twice.
+
+Node actions
+    ``isolate``  cordon + taint ``<taint_key>=<fault class>:NoSchedule`` + condition
+                 ``FleetmedicQuarantine=True`` + an Event.
+    ``drain``    evict every pod that is not a DaemonSet pod, a mirror pod, finished or
+                 already terminating (eviction honours PodDisruptionBudgets).
+    ``diagnose`` get-or-create a batch Job that runs the DCGM diagnostics on the node.
+    ``return``   remove our taint, uncordon when we cordoned, condition ``False``.
+    ``escalate`` annotate the node and emit a Warning Event for a human.
+
+Job actions (target ``"<namespace>/<name>"`` or ``"<name>"`` in the job namespace)
+    ``requeue``  delete the workload's failed pods and its pods on excluded nodes, so that
+                 its controller recreates them elsewhere.
+    ``retry`` / ``restart``  delete the workload's failed pods (same placement allowed).
+    ``stop``     suspend the batch Job.
+
+What fleetmedic changed on a node is written on the node itself (annotations), so a
+restarted worker knows whether a cordon is its own: a node that a human cordoned keeps
+its cordon when fleetmedic returns it.
+
+The client is synchronous; every API call runs in a worker thread
+(:func:`asyncio.to_thread`) with a request timeout.  :class:`ApiException` statuses are
+mapped to typed errors: 409 (a concurrent writer), 429 and 5xx are
+:class:`~actuators.base.TemporaryError` (with ``Retry-After`` as the delay), other 4xx are
+:class:`~actuators.base.PermanentError`; connection failures are temporary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+import kubernetes.client
+import kubernetes.config
+import pydantic
+import urllib3
+from kubernetes.client import (
+    BatchV1Api,
+    CoreV1Api,
+    CoreV1Event,
+    V1Container,
+    V1DeleteOptions,
+    V1Eviction,
+    V1Job,
+    V1JobSpec,
+    V1Node,
+    V1NodeCondition,
+    V1ObjectMeta,
+    V1ObjectReference,
+    V1Pod,
+    V1PodSpec,
+    V1PodTemplateSpec,
+    V1Preconditions,
+    V1ResourceRequirements,
+    V1Taint,
+    V1Toleration,
+)
+from kubernetes.client.exceptions import ApiException, ApiTypeError, ApiValueError
+
+from schemas import ActionName, Outcome
+
+from .base import ActionRequest, ActionResult, ActuatorError, PermanentError, TemporaryError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: annotation: id of the verdict that isolated the node
+ANNOTATION_VERDICT = "fleetmedic.dev/verdict"
+#: annotation: "true" when fleetmedic (not a human) set ``spec.unschedulable``
+ANNOTATION_CORDONED = "fleetmedic.dev/cordoned"
+#: annotation: id of the verdict that escalated the node
+ANNOTATION_ESCALATED = "fleetmedic.dev/escalated"
+#: node condition type set while a node is quarantined
+CONDITION_QUARANTINE = "FleetmedicQuarantine"
+
+#: labels on the diagnostics Job (ownership check)
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_NODE = "fleetmedic.dev/node"
+LABEL_VERDICT = "fleetmedic.dev/verdict"
+
+#: pod label that names a batch Job's pods (set by the Job controller)
+JOB_NAME_LABEL = "job-name"
+#: pod label that names a JobSet's pods (set by the JobSet controller)
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+
+#: taint the node controller keeps on a cordoned node; diagnostics must tolerate it
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+#: annotation the kubelet puts on mirror pods of static pods (not evictable)
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+
+DEFAULT_DIAG_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:3.3.5-1-ubuntu22.04"
+DEFAULT_DIAG_COMMAND = ("dcgmi", "diag", "-r", "2")
+
+_NAME_MAX = 63
+_LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_TEMPORARY_STATUSES = frozenset({408, 409, 429})
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (urllib3.exceptions.HTTPError, OSError)
+_CLIENT_SIDE_ERRORS: tuple[type[BaseException], ...] = (ApiTypeError, ApiValueError, pydantic.ValidationError)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _digest(text: str, n: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+
+def label_value(text: str) -> str:
+    """``text`` as a valid label value (<= 63 chars); long or odd values get a hash suffix."""
+    if len(text) <= _NAME_MAX and _LABEL_VALUE.match(text):
+        return text
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[: _NAME_MAX - 11].strip("-_.")
+    h = _digest(text, 10)
+    return f"{stem}-{h}" if stem else h
+
+
+def diagnostics_job_name(node: str, verdict_id: str) -> str:
+    """The deterministic name of the diagnostics Job for ``node`` under ``verdict_id``.
+
+    ``fleetmedic-diag-<node>-<hash>``: a DNS-1123 label of at most 63 characters.  The
+    hash covers node and verdict, so two long node names that share a truncated prefix
+    still get different Jobs.
+    """
+    prefix = "fleetmedic-diag-"
+    h = _digest(f"{verdict_id}\x00{node}", 8)
+    room = _NAME_MAX - len(prefix) - 1 - len(h)
+    stem = re.sub(r"[^a-z0-9-]+", "-", node.lower())[:room].strip("-") or "node"
+    return f"{prefix}{stem}-{h}"
+
+
+@functools.cache
+def _serializer() -> kubernetes.client.ApiClient:
+    """A client used only to turn models into API JSON (it never connects)."""
+    return kubernetes.client.ApiClient(kubernetes.client.Configuration())
+
+
+def _rfc3339(ts: datetime) -> str:
+    return ts.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _retry_after(exc: ApiException, now: datetime) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta seconds or HTTP date), if any."""
+    headers = exc.headers or {}
+    value: Any = None
+    try:
+        value = headers.get("Retry-After")
+        if value is None:
+            value = next((v for k, v in headers.items() if str(k).lower() == "retry-after"), None)
+    except AttributeError:
+        return None
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except (TypeError, ValueError):
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(str(value))
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - now).total_seconds())
+
+
+def _status_message(exc: ApiException) -> str:
+    """The ``message`` of the ``Status`` object the API server sent, else the reason."""
+    if exc.body:
+        try:
+            message = json.loads(exc.body).get("message")
+        except (ValueError, AttributeError):
+            message = None
+        if message:
+            return str(message)
+    return str(exc.reason or "")
+
+
+def map_api_error(exc: ApiException, what: str, now: datetime | None = None) -> ActuatorError:
+    """The typed error for a failed call; ``what`` says which call on which object."""
+    status = exc.status or 0
+    text = f"{what}: HTTP {status} {_status_message(exc)}".rstrip()
+    if status == 0 or status in _TEMPORARY_STATUSES or status >= 500:
+        if status == 409:
+            text += " (changed concurrently; re-read and retry)"
+        return TemporaryError(text, delay=_retry_after(exc, now or _utcnow()))
+    if status == 404:
+        return PermanentError(f"{what}: not found")
+    return PermanentError(text)
+
+
+def _annotations(obj: Any) -> dict[str, str]:
+    return dict(obj.metadata.annotations or {}) if obj.metadata is not None else {}
+
+
+def _labels(obj: Any) -> dict[str, str]:
+    return dict(obj.metadata.labels or {}) if obj.metadata is not None else {}
+
+
+def _condition(node: V1Node, kind: str) -> V1NodeCondition | None:
+    for cond in (node.status.conditions if node.status is not None else None) or []:
+        if cond.type == kind:
+            return cond
+    return None
+
+
+def _is_daemonset_pod(pod: V1Pod) -> bool:
+    owners = (pod.metadata.owner_references if pod.metadata is not None else None) or []
+    return any(ref.kind == "DaemonSet" for ref in owners)
+
+
+def _is_mirror_pod(pod: V1Pod) -> bool:
+    return MIRROR_POD_ANNOTATION in _annotations(pod)
+
+
+def _is_terminating(pod: V1Pod) -> bool:
+    return pod.metadata is not None and pod.metadata.deletion_timestamp is not None
+
+
+def _phase(pod: V1Pod) -> str:
+    return (pod.status.phase if pod.status is not None else None) or ""
+
+
+def _pod_ref(pod: V1Pod) -> str:
+    return f"{pod.metadata.namespace}/{pod.metadata.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeView:
+    """What isolate/return need to know about a node, read once."""
+
+    node: V1Node
+    #: every taint on the node, in order
+    taints: list[V1Taint]
+    #: our NoSchedule taint(s)
+    ours: list[V1Taint]
+    #: every other taint, in order
+    others: list[V1Taint]
+    cordoned: bool
+    #: the cordon was set by fleetmedic (annotation)
+    cordon_ours: bool
+    #: the quarantine condition is True
+    quarantined: bool
+
+
+class KubernetesBackend:
+    """Node and job actions against one Kubernetes cluster.
+
+    ``core`` and ``batch`` are ready API objects (their ``ApiClient`` carries the
+    cluster's address, credentials and urllib3 retry policy); use :meth:`from_config`
+    to build them from a kubeconfig or the in-cluster service account.  ``clock``
+    gives the time written on conditions and events.
+    """
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        core: CoreV1Api,
+        batch: BatchV1Api,
+        *,
+        namespace: str = "fleetmedic",
+        job_namespace: str = "default",
+        event_namespace: str = "default",
+        taint_key: str = "fleetmedic.dev/quarantine",
+        diag_image: str = DEFAULT_DIAG_IMAGE,
+        diag_command: Collection[str] = DEFAULT_DIAG_COMMAND,
+        diag_gpus: int = 8,
+        diag_deadline_s: int | None = 3600,
+        job_label_key: str = JOB_NAME_LABEL,
+        field_manager: str = "fleetmedic",
+        request_timeout: float | tuple[float, float] = 30.0,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        if diag_gpus < 0:
+            raise ValueError(f"diag_gpus must be >= 0, got {diag_gpus}")
+        self.core = core
+        self.batch = batch
+        #: namespace of the diagnostics Jobs
+        self.namespace = namespace
+        #: namespace of workloads named without one
+        self.job_namespace = job_namespace
+        #: namespace of Events about nodes (cluster-scoped objects: "default")
+        self.event_namespace = event_namespace
+        self.taint_key = taint_key
+        self.diag_image = diag_image
+        self.diag_command = list(diag_command)
+        self.diag_gpus = diag_gpus
+        self.diag_deadline_s = diag_deadline_s
+        #: pod label naming the workload; JOBSET_NAME_LABEL for JobSets
+        self.job_label_key = job_label_key
+        self.field_manager = field_manager
+        self.request_timeout = request_timeout
+        self.clock = clock
+        self._owned_client: kubernetes.client.ApiClient | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        *,
+        retries: int = 3,
+        backoff_factor: float = 0.5,
+        **options: Any,
+    ) -> KubernetesBackend:
+        """Build a backend from a kubeconfig file or, inside a pod, the service account.
+
+        With neither ``kubeconfig`` nor ``context`` given and ``KUBERNETES_SERVICE_HOST``
+        set, the in-cluster configuration is used.  The client's own urllib3 retries
+        cover connection and read failures only (``retries`` attempts, exponential
+        ``backoff_factor``; reads are retried for idempotent methods only); HTTP status
+        codes are left to :mod:`actuators.retry` through the typed errors.
+        """
+        config = kubernetes.client.Configuration()
+        if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            kubernetes.config.load_incluster_config(client_configuration=config)
+        else:
+            kubernetes.config.load_kube_config(
+                config_file=kubeconfig, context=context, client_configuration=config, persist_config=False
+            )
+        config.retries = urllib3.util.Retry(
+            total=retries, connect=retries, read=retries, status=0, other=0, backoff_factor=backoff_factor
+        )
+        api = kubernetes.client.ApiClient(config)
+        backend = cls(kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api), **options)
+        backend._owned_client = api
+        return backend
+
+    # ------------------------------------------------------------------ protocol
+
+    def supports(self, action: ActionName) -> bool:
+        return action in _HANDLERS
+
+    async def apply(self, request: ActionRequest) -> ActionResult:
+        handler = _HANDLERS.get(request.action)
+        if handler is None:
+            raise PermanentError(f"kubernetes: unsupported action {request.action.value}")
+        return await handler(self, request)
+
+    async def close(self) -> None:
+        if self._owned_client is not None:
+            client, self._owned_client = self._owned_client, None
+            await asyncio.to_thread(client.close)
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _call(
+        self,
+        what: str,
+        fn: Callable[..., T],
+        /,
+        *args: Any,
+        tolerate: Collection[int] = (),
+        **kwargs: Any,
+    ) -> T | None:
+        """Run one API call in a thread; map failures to typed errors.
+
+        A status in ``tolerate`` returns ``None`` instead of raising (for example 404
+        where "absent" already is the wanted state).
+        """
+        kwargs.setdefault("_request_timeout", self.request_timeout)
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except ApiException as exc:
+            if exc.status in tolerate:
+                log.debug("%s: HTTP %s tolerated", what, exc.status)
+                return None
+            raise map_api_error(exc, what, self.clock()) from exc
+        except _CLIENT_SIDE_ERRORS as exc:
+            raise PermanentError(f"{what}: invalid request: {exc}") from exc
+        except _CONNECTION_ERRORS as exc:
+            raise TemporaryError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+    async def _read_node(self, node: str) -> V1Node:
+        found = await self._call(f"read node {node}", self.core.read_node, node)
+        assert found is not None
+        return found
+
+    def _view(self, node: V1Node) -> _NodeView:
+        taints = list((node.spec.taints if node.spec is not None else None) or [])
+        mine = [t.key == self.taint_key and t.effect == "NoSchedule" for t in taints]
+        cond = _condition(node, CONDITION_QUARANTINE)
+        return _NodeView(
+            node=node,
+            taints=taints,
+            ours=[t for t, m in zip(taints, mine) if m],
+            others=[t for t, m in zip(taints, mine) if not m],
+            cordoned=bool(node.spec is not None and node.spec.unschedulable),
+            cordon_ours=_annotations(node).get(ANNOTATION_CORDONED) == "true",
+            quarantined=cond is not None and cond.status == "True",
+        )
+
+    @staticmethod
+    def _taints_body(taints: list[V1Taint]) -> list[dict[str, Any]]:
+        """Taints as the API spells them (``timeAdded``, RFC 3339 times)."""
+        return [_serializer().sanitize_for_serialization(t) for t in taints]
+
+    async def _patch_node(self, name: str, body: dict[str, Any]) -> None:
+        """Strategic-merge patch of a node; a ``metadata.resourceVersion`` in ``body``
+        makes it conditional (409 when the node changed since it was read)."""
+        await self._call(
+            f"patch node {name}",
+            self.core.patch_node,
+            name,
+            body,
+            field_manager=self.field_manager,
+            _content_type="application/strategic-merge-patch+json",
+        )
+
+    async def _set_condition(self, name: str, status: bool, reason: str, message: str) -> None:
+        """Set the quarantine condition (conditions merge by ``type``: others are kept)."""
+        now = _rfc3339(self.clock())
+        body = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": CONDITION_QUARANTINE,
+                        "status": "True" if status else "False",
+                        "reason": reason,
+                        "message": message[:1024],
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ]
+            }
+        }
+        await self._call(
+            f"patch status of node {name}",
+            self.core.patch_node_status,
+            name,
+            body,
+            field_manager=self.field_manager,
+            _content_type="application/strategic-merge-patch+json",
+        )
+
+    async def _node_event(
+        self, node: V1Node, request: ActionRequest, reason: str, message: str, kind: str = "Warning"
+    ) -> None:
+        """Record an Event on the node; a failure is logged, never raised.
+
+        The Event's name derives from the idempotency key, so a replay finds it
+        already there (409, ignored).
+        """
+        name = node.metadata.name
+        now = self.clock().astimezone(timezone.utc).replace(microsecond=0)
+        event = CoreV1Event(
+            metadata=V1ObjectMeta(name=f"{name[:200]}.{_digest(request.key, 16)}", namespace=self.event_namespace),
+            involved_object=V1ObjectReference(api_version="v1", kind="Node", name=name, uid=node.metadata.uid),
+            reason=reason,
+            message=message[:1024],
+            type=kind,
+            source=kubernetes.client.V1EventSource(component=self.field_manager),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        try:
+            await self._call(
+                f"create event {reason} for node {name}",
+                self.core.create_namespaced_event,
+                self.event_namespace,
+                event,
+                field_manager=self.field_manager,
+                tolerate=(409,),
+            )
+        except ActuatorError as exc:
+            log.warning("event %s for node %s not recorded: %s", reason, name, exc)
+
+    def _taint_value(self, request: ActionRequest) -> str:
+        raw = request.params.get("fault_class") or request.params.get("reason") or "suspect"
+        return label_value(str(raw)) or "suspect"
+
+    def _job_ref(self, target: str) -> tuple[str, str]:
+        parts = target.split("/")
+        if len(parts) == 1 and parts[0]:
+            return self.job_namespace, parts[0]
+        if len(parts) == 2 and all(parts):
+            return parts[0], parts[1]
+        raise PermanentError(f"job id {target!r} is not '<namespace>/<name>' or '<name>'")
+
+    # ------------------------------------------------------------------ node actions
+
+    async def isolate(self, request: ActionRequest) -> ActionResult:
+        """Keep new work off a node.
+
+        Observes the node's ``spec.unschedulable``, taints and conditions.  Already so
+        when it is cordoned, carries our NoSchedule taint and the quarantine condition
+        is ``True``.  Otherwise adds what is missing: one conditional patch (taint list
+        re-sent whole, foreign taints preserved; ``fleetmedic.dev/cordoned`` only when
+        it was not cordoned before), then the condition, then an Event.
+        """
+        name = request.target
+        view = self._view(await self._read_node(name))
+        if view.ours and view.cordoned and view.quarantined:
+            by = _annotations(view.node).get(ANNOTATION_VERDICT, "?")
+            return ActionResult(Outcome.already_so, f"node {name} already cordoned and tainted (verdict {by})")
+        done: list[str] = []
+        if not view.ours or not view.cordoned:
+            annotations: dict[str, str] = {ANNOTATION_VERDICT: request.verdict_id}
+            body: dict[str, Any] = {"metadata": {"annotations": annotations}, "spec": {}}
+            if not view.ours:
+                value = self._taint_value(request)
+                taint = V1Taint(key=self.taint_key, value=value, effect="NoSchedule")
+                body["metadata"]["resourceVersion"] = view.node.metadata.resource_version
+                body["spec"]["taints"] = self._taints_body([*view.taints, taint])
+                done.append(f"tainted {self.taint_key}={value}:NoSchedule")
+            if not view.cordoned:
+                body["spec"]["unschedulable"] = True
+                annotations[ANNOTATION_CORDONED] = "true"
+                done.append("cordoned")
+            await self._patch_node(name, body)
+        if not view.quarantined:
+            message = f"isolated by fleetmedic, verdict {request.verdict_id}: {request.reason}"
+            await self._set_condition(name, True, "FleetmedicIsolated", message)
+            done.append(f"condition {CONDITION_QUARANTINE}=True")
+        await self._node_event(
+            view.node, request, "FleetmedicIsolate", f"verdict {request.verdict_id}: {request.reason or 'isolate'}"
+        )
+        return ActionResult(Outcome.applied, f"node {name}: " + ", ".join(done))
+
+    async def return_(self, request: ActionRequest) -> ActionResult:
+        """Give a node back to the scheduler.
+
+        Observes our taint, the cordon and who set it (``fleetmedic.dev/cordoned``), and
+        the quarantine condition.  Already so when none of our marks is left.  Otherwise
+        removes our taint (other taints kept), uncordons only a cordon fleetmedic set,
+        clears our annotations and sets the condition ``False``.  A cordon someone else
+        set stays, and the detail says so.
+        """
+        name = request.target
+        view = self._view(await self._read_node(name))
+        annotations = _annotations(view.node)
+        marked = [k for k in (ANNOTATION_VERDICT, ANNOTATION_CORDONED) if k in annotations]
+        uncordon = view.cordoned and view.cordon_ours
+        foreign_cordon = view.cordoned and not view.cordon_ours
+        note = "; cordon left in place: not set by fleetmedic" if foreign_cordon else ""
+        if not view.ours and not uncordon and not view.quarantined and not marked:
+            return ActionResult(Outcome.already_so, f"node {name} carries no fleetmedic isolation{note}")
+        done: list[str] = []
+        if view.ours or uncordon or marked:
+            body: dict[str, Any] = {"metadata": {"annotations": {k: None for k in marked}}, "spec": {}}
+            if view.ours:
+                body["metadata"]["resourceVersion"] = view.node.metadata.resource_version
+                body["spec"]["taints"] = self._taints_body(view.others)
+                done.append(f"removed taint {self.taint_key}")
+            if uncordon:
+                body["spec"]["unschedulable"] = None
+                done.append("uncordoned")
+            await self._patch_node(name, body)
+        if view.quarantined:
+            await self._set_condition(
+                name, False, "FleetmedicReturned", f"returned by fleetmedic, verdict {request.verdict_id}"
+            )
+            done.append(f"condition {CONDITION_QUARANTINE}=False")
+        await self._node_event(
+            view.node, request, "FleetmedicReturn", f"verdict {request.verdict_id}: returned to service", "Normal"
+        )
+        return ActionResult(Outcome.applied, f"node {name}: " + (", ".join(done) or "cleared marks") + note)
+
+    async def drain(self, request: ActionRequest) -> ActionResult:
+        """Move the workload off a node through the Eviction API.
+
+        Observes the node and its pods (``spec.nodeName=<node>``).  Skips DaemonSet and
+        mirror pods (they belong to the node), finished pods (they hold nothing) and
+        pods already terminating.  Already so when no other pod is left and the node is
+        cordoned.  Otherwise cordons it first if needed (as ``kubectl drain`` does,
+        marked as our cordon), then evicts each pod with a UID precondition; a pod gone
+        meanwhile counts as evicted.  An eviction refused by a PodDisruptionBudget (429)
+        is a :class:`TemporaryError` once every other pod has been tried.  Waiting for a
+        checkpoint (``not_before_checkpoint``) is the pipeline's job, not this one's.
+        """
+        name = request.target
+        view = self._view(await self._read_node(name))
+        pods = await self._call(
+            f"list pods on node {name}",
+            self.core.list_pod_for_all_namespaces,
+            field_selector=f"spec.nodeName={name}",
+        )
+        assert pods is not None
+        skipped = 0
+        evictable: list[V1Pod] = []
+        for pod in pods.items or []:
+            finished = _phase(pod) in ("Succeeded", "Failed")
+            if finished or _is_daemonset_pod(pod) or _is_mirror_pod(pod) or _is_terminating(pod):
+                skipped += 1
+            else:
+                evictable.append(pod)
+        if not evictable and view.cordoned:
+            return ActionResult(Outcome.already_so, f"node {name}: nothing left to evict ({skipped} pods skipped)")
+        done: list[str] = []
+        if not view.cordoned:
+            await self._patch_node(
+                name, {"metadata": {"annotations": {ANNOTATION_CORDONED: "true"}}, "spec": {"unschedulable": True}}
+            )
+            done.append("cordoned")
+        grace = request.params.get("grace_period_s")
+        blocked: list[tuple[str, TemporaryError]] = []
+        evicted = 0
+        for pod in evictable:
+            eviction = V1Eviction(
+                api_version="policy/v1",
+                kind="Eviction",
+                metadata=V1ObjectMeta(name=pod.metadata.name, namespace=pod.metadata.namespace),
+                delete_options=V1DeleteOptions(
+                    preconditions=V1Preconditions(uid=pod.metadata.uid),
+                    grace_period_seconds=int(grace) if grace is not None else None,
+                ),
+            )
+            try:
+                await self._call(
+                    f"evict pod {_pod_ref(pod)}",
+                    self.core.create_namespaced_pod_eviction,
+                    pod.metadata.name,
+                    pod.metadata.namespace,
+                    eviction,
+                    tolerate=(404,),
+                )
+            except TemporaryError as exc:
+                blocked.append((_pod_ref(pod), exc))
+                continue
+            evicted += 1
+        if evicted:
+            done.append(f"evicted {evicted} pods")
+        if blocked:
+            refs = ", ".join(ref for ref, _ in blocked[:5])
+            delays = [exc.delay for _, exc in blocked if exc.delay is not None]
+            raise TemporaryError(
+                f"node {name}: {len(blocked)} evictions refused for now ({refs}): {blocked[0][1]}"
+                + (f"; done so far: {', '.join(done)}" if done else ""),
+                delay=max(delays) if delays else None,
+            )
+        return ActionResult(Outcome.applied, f"node {name}: {', '.join(done)} ({skipped} pods skipped)")
+
+    def _diagnostics_job(self, node: str, request: ActionRequest, job_name: str) -> V1Job:
+        gpus = int(request.params.get("gpus", self.diag_gpus))
+        labels = {
+            LABEL_MANAGED_BY: self.field_manager,
+            LABEL_NODE: label_value(node),
+            LABEL_VERDICT: label_value(request.verdict_id),
+        }
+        annotations = {ANNOTATION_VERDICT: request.verdict_id, "fleetmedic.dev/node-name": node}
+        resources = V1ResourceRequirements(limits={"nvidia.com/gpu": str(gpus)}) if gpus > 0 else None
+        pin = kubernetes.client.V1NodeSelectorTerm(
+            match_fields=[
+                kubernetes.client.V1NodeSelectorRequirement(key="metadata.name", operator="In", values=[node])
+            ]
+        )
+        pod_spec = V1PodSpec(
+            restart_policy="Never",
+            affinity=kubernetes.client.V1Affinity(
+                node_affinity=kubernetes.client.V1NodeAffinity(
+                    required_during_scheduling_ignored_during_execution=kubernetes.client.V1NodeSelector(
+                        node_selector_terms=[pin]
+                    )
+                )
+            ),
+            tolerations=[
+                V1Toleration(key=self.taint_key, operator="Exists", effect="NoSchedule"),
+                V1Toleration(key=UNSCHEDULABLE_TAINT, operator="Exists", effect="NoSchedule"),
+            ],
+            containers=[
+                V1Container(
+                    name="dcgm-diag", image=self.diag_image, command=list(self.diag_command), resources=resources
+                )
+            ],
+        )
+        return V1Job(
+            api_version="batch/v1",
+            kind="Job",
+            metadata=V1ObjectMeta(name=job_name, namespace=self.namespace, labels=labels, annotations=annotations),
+            spec=V1JobSpec(
+                backoff_limit=0,
+                active_deadline_seconds=self.diag_deadline_s,
+                template=V1PodTemplateSpec(metadata=V1ObjectMeta(labels=dict(labels)), spec=pod_spec),
+            ),
+        )
+
+    def _check_owned(self, job: V1Job, node: str, request: ActionRequest) -> None:
+        labels = _labels(job)
+        want = {
+            LABEL_MANAGED_BY: self.field_manager,
+            LABEL_NODE: label_value(node),
+            LABEL_VERDICT: label_value(request.verdict_id),
+        }
+        wrong = {k: labels.get(k) for k, v in want.items() if labels.get(k) != v}
+        if wrong:
+            raise PermanentError(
+                f"job {self.namespace}/{job.metadata.name} exists but is not ours for node {node}, "
+                f"verdict {request.verdict_id} (labels {wrong})"
+            )
+
+    async def diagnose(self, request: ActionRequest) -> ActionResult:
+        """Run the GPU diagnostics on a node as a batch Job (get-or-create).
+
+        Observes the node (it must exist) and the Job named by
+        :func:`diagnostics_job_name`.  Already so when that Job exists and its labels
+        say it is ours for this node and verdict; a foreign object of that name is a
+        :class:`PermanentError`.  Otherwise creates it: pinned to the node by node
+        affinity on ``metadata.name``, tolerating our taint and the cordon, asking for
+        all GPUs (``params["gpus"]``, default ``diag_gpus``) so it starts only once the
+        node is free, ``backoffLimit: 0``.  A 409 on create (a concurrent creator)
+        re-reads and checks ownership.
+        """
+        node = request.target
+        await self._read_node(node)
+        job_name = diagnostics_job_name(node, request.verdict_id)
+        what = f"job {self.namespace}/{job_name}"
+        existing = await self._call(
+            f"read {what}", self.batch.read_namespaced_job, job_name, self.namespace, tolerate=(404,)
+        )
+        if existing is None:
+            body = self._diagnostics_job(node, request, job_name)
+            created = await self._call(
+                f"create {what}",
+                self.batch.create_namespaced_job,
+                self.namespace,
+                body,
+                field_manager=self.field_manager,
+                tolerate=(409,),
+            )
+            if created is not None:
+                return ActionResult(Outcome.applied, f"created diagnostics {what} on node {node}")
+            existing = await self._call(f"read {what}", self.batch.read_namespaced_job, job_name, self.namespace)
+            assert existing is not None
+        self._check_owned(existing, node, request)
+        return ActionResult(Outcome.already_so, f"diagnostics {what} for node {node} already exists")
+
+    async def escalate(self, request: ActionRequest) -> ActionResult:
+        """Hand a node to a human.
+
+        Observes ``fleetmedic.dev/escalated`` on the node.  Already so when it names
+        this verdict.  Otherwise sets it and emits a Warning Event
+        ``FleetmedicEscalate`` carrying the verdict and reason.
+        """
+        name = request.target
+        node = await self._read_node(name)
+        if _annotations(node).get(ANNOTATION_ESCALATED) == request.verdict_id:
+            return ActionResult(Outcome.already_so, f"node {name} already escalated for verdict {request.verdict_id}")
+        await self._patch_node(name, {"metadata": {"annotations": {ANNOTATION_ESCALATED: request.verdict_id}}})
+        await self._node_event(
+            node, request, "FleetmedicEscalate", f"verdict {request.verdict_id}: {request.reason or 'needs a human'}"
+        )
+        return ActionResult(Outcome.applied, f"node {name} escalated (annotation {ANNOTATION_ESCALATED})")
+
+    # ------------------------------------------------------------------ job actions
+
+    async def _delete_pods(self, request: ActionRequest, exclude: frozenset[str]) -> ActionResult:
+        """Delete a workload's failed pods and its live pods on ``exclude`` nodes.
+
+        Observes the pods labelled ``<job label key>=<name>`` (``params["label_key"]``
+        overrides the backend's key, e.g. for a JobSet).  Pods already terminating and
+        pods that succeeded are left alone.  Already so when nothing is left to delete.
+        Each delete carries a UID precondition so a replacement pod of the same name is
+        never hit; a pod gone meanwhile counts as deleted.
+        """
+        namespace, name = self._job_ref(request.target)
+        key = str(request.params.get("label_key") or self.job_label_key)
+        pods = await self._call(
+            f"list pods of {namespace}/{name}",
+            self.core.list_namespaced_pod,
+            namespace,
+            label_selector=f"{key}={name}",
+        )
+        assert pods is not None
+        doomed: list[tuple[V1Pod, str]] = []
+        for pod in pods.items or []:
+            if _is_terminating(pod) or _phase(pod) == "Succeeded":
+                continue
+            node = pod.spec.node_name if pod.spec is not None else None
+            if _phase(pod) == "Failed":
+                doomed.append((pod, "failed"))
+            elif node in exclude:
+                doomed.append((pod, f"on excluded node {node}"))
+        if not doomed:
+            return ActionResult(
+                Outcome.already_so, f"job {namespace}/{name}: no failed pods and none on excluded nodes"
+            )
+        for pod, _why in doomed:
+            await self._call(
+                f"delete pod {_pod_ref(pod)}",
+                self.core.delete_namespaced_pod,
+                pod.metadata.name,
+                pod.metadata.namespace,
+                body=V1DeleteOptions(preconditions=V1Preconditions(uid=pod.metadata.uid)),
+                tolerate=(404,),
+            )
+        listed = ", ".join(f"{pod.metadata.name} ({why})" for pod, why in doomed[:10])
+        more = f" and {len(doomed) - 10} more" if len(doomed) > 10 else ""
+        return ActionResult(Outcome.applied, f"job {namespace}/{name}: deleted {len(doomed)} pods: {listed}{more}")
+
+    async def requeue(self, request: ActionRequest) -> ActionResult:
+        """Move a workload off suspect nodes: delete its failed pods and its pods on
+        ``params["exclude"]`` so its controller recreates them; the excluded nodes are
+        kept off by the isolate action's taint."""
+        exclude = request.params.get("exclude") or []
+        if isinstance(exclude, str) or not isinstance(exclude, (list, tuple, set, frozenset)):
+            raise PermanentError(f"requeue {request.target}: params.exclude must be a list of node names")
+        return await self._delete_pods(request, frozenset(str(n) for n in exclude))
+
+    async def retry(self, request: ActionRequest) -> ActionResult:
+        """Run a workload's failed pods again (same placement allowed): delete them."""
+        return await self._delete_pods(request, frozenset())
+
+    async def stop(self, request: ActionRequest) -> ActionResult:
+        """Stop retrying a batch Job.
+
+        Observes the Job (404: :class:`PermanentError`).  Already so when it is
+        suspended or has finished (``Complete`` or ``Failed``).  Otherwise patches
+        ``spec.suspend: true``; the Job controller then removes its active pods.
+        """
+        namespace, name = self._job_ref(request.target)
+        job = await self._call(f"read job {namespace}/{name}", self.batch.read_namespaced_job, name, namespace)
+        assert job is not None
+        if job.spec is not None and job.spec.suspend:
+            return ActionResult(Outcome.already_so, f"job {namespace}/{name} already suspended")
+        conditions = (job.status.conditions if job.status is not None else None) or []
+        finished = [c.type for c in conditions if c.type in ("Complete", "Failed") and c.status == "True"]
+        if finished:
+            return ActionResult(Outcome.already_so, f"job {namespace}/{name} already finished ({finished[0]})")
+        await self._call(
+            f"suspend job {namespace}/{name}",
+            self.batch.patch_namespaced_job,
+            name,
+            namespace,
+            {"spec": {"suspend": True}},
+            field_manager=self.field_manager,
+            _content_type="application/strategic-merge-patch+json",
+        )
+        return ActionResult(Outcome.applied, f"job {namespace}/{name} suspended")
+
+
+_Handler = Callable[[KubernetesBackend, ActionRequest], Any]
+
+_HANDLERS: Mapping[ActionName, _Handler] = {
+    ActionName.isolate: KubernetesBackend.isolate,
+    ActionName.return_: KubernetesBackend.return_,
+    ActionName.drain: KubernetesBackend.drain,
+    ActionName.diagnose: KubernetesBackend.diagnose,
+    ActionName.escalate: KubernetesBackend.escalate,
+    ActionName.requeue: KubernetesBackend.requeue,
+    ActionName.retry: KubernetesBackend.retry,
+    ActionName.restart: KubernetesBackend.retry,
+    ActionName.stop: KubernetesBackend.stop,
+}
