@@ -127,6 +127,8 @@ class GpuDetection:
         self.windows: dict[str, GpuWindow] = {}
         self.cooldown = Cooldown(cfg.anomaly_cooldown_s)
         self.late = 0
+        self._pending: dict[tuple[int, str], list] = {}
+        self._snapped: set[tuple[str, str, float]] = set()
 
     def _window(self, node: str, width: int) -> GpuWindow:
         w = self.windows.get(node)
@@ -177,6 +179,7 @@ class GpuDetection:
             w.rings["temp"].push(np.asarray(s.temp, dtype=np.float64))
             accepted.append(s)
             touched[s.node] = w
+            self._snapshot(s.node, w, last=False)
 
         # hard faults, per sample, over the whole batch at once (grouped by GPU count)
         by_width: dict[int, list[int]] = {}
@@ -198,33 +201,47 @@ class GpuDetection:
                 if self.cooldown.allow((s.node, f.gpu, f.kind, f.evidence.get("xid")), s.ts):
                     out.append(_anomaly("xid", s.node, f, s.ts))
 
-        # windowed trends, all touched nodes with a full window at once
+        # windowed trends: every queued window of every node, scored at once
+        for node, w in touched.items():
+            self._snapshot(node, w, last=True)
         out.extend(self._trends(touched))
         return out
 
+    def _snapshot(self, node: str, w: GpuWindow, last: bool) -> None:
+        """Queue the node's current windows for scoring.
+
+        A window is scored when its newest interval brought new events (or throttling),
+        and at the node's last sample of a batch, so a backlog read in one large batch is
+        judged at every step that matters, not only at its end.
+        """
+        for name in (*self.rates, "thermal"):
+            ring = w.rings[name]
+            if not ring.full or (node, name, w.ts) in self._snapped:
+                continue
+            if last or ring.buf[(ring.pos - 1) % ring.buf.shape[0]].any():
+                self._snapped.add((node, name, w.ts))
+                data = (ring.ordered(), w.rings["temp"].ordered()) if name == "thermal" else ring.ordered()
+                self._pending.setdefault((w.width, name), []).append((node, w.ts, data))
+
     def _trends(self, touched: dict[str, GpuWindow]) -> list[Anomaly]:
         out: list[Anomaly] = []
-        groups: dict[int, list[tuple[str, GpuWindow]]] = {}
-        for node, w in touched.items():
-            groups.setdefault(w.width, []).append((node, w))
-        for width, items in groups.items():
-            full = [(n, w) for n, w in items if w.rings["ecc_sbe"].full]
-            if full:
-                for name, det in self.rates.items():
-                    counts = np.stack([w.rings[name].ordered() for _, w in full])
-                    for f in det.detect(counts):
-                        node, w = full[f.index]
-                        if self.cooldown.allow((node, f.gpu, f.kind), w.ts):
-                            win = Window(start=w.ts - self.cfg.window, end=w.ts)
-                            out.append(_anomaly("rate_change", node, f, w.ts, window=win))
-            warm = [(n, w) for n, w in items if w.rings["thermal"].full]
-            if warm:
-                thermal = np.stack([w.rings["thermal"].ordered() for _, w in warm])
-                temp = np.stack([w.rings["temp"].ordered() for _, w in warm])
-                for f in self.throttle.detect(thermal, temp):
-                    node, w = warm[f.index]
-                    if self.cooldown.allow((node, f.gpu, f.kind), w.ts):
-                        out.append(_anomaly("throttle", node, f, w.ts))
+        pending, self._pending = self._pending, {}
+        self._snapped.clear()
+        for (width, name), items in pending.items():
+            if name == "thermal":
+                thermal = np.stack([x[2][0] for x in items])
+                temp = np.stack([x[2][1] for x in items])
+                findings = self.throttle.detect(thermal, temp)
+                detector = "throttle"
+            else:
+                findings = self.rates[name].detect(np.stack([x[2] for x in items]))
+                detector = "rate_change"
+            for f in findings:
+                node, ts, _ = items[f.index]
+                if self.cooldown.allow((node, f.gpu, f.kind), ts):
+                    win = Window(start=ts - self.cfg.window, end=ts) if detector == "rate_change" else None
+                    out.append(_anomaly(detector, node, f, ts, window=win))
+        out.sort(key=lambda a: a.ts)
         return out
 
 

@@ -307,9 +307,10 @@ def _job_verdict(
 
 
 def _recent_node_faults(hist: dict[str, Any], nodes: list[str], ts: float, horizon: float) -> dict[str, dict]:
+    """Faults and degradations reported on ``nodes`` within ``horizon`` seconds before ``ts``."""
     return {
         n: f for n, f in hist["node_faults"].items()
-        if n in nodes and f["kind"] == "node_fault" and f["ts"] >= ts - horizon
+        if n in nodes and f["ts"] >= ts - horizon
     }
 
 

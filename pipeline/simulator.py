@@ -522,6 +522,10 @@ class Cluster:
             if node.job is None:
                 return "already_so", "no workload on the node"
             j = self.jobs[node.job]
+            if j.status != "running":
+                # a failed job's pods are evicted; the job waits for its own verdict
+                node.job = None
+                return "applied", f"evicted the pods of failed job {j.id}"
             self._restart(j, same_nodes=False, exclude=[node.name])
             return "applied", f"evicted {j.id}; it restarts elsewhere from step {j.checkpoint_step}"
         if action == "diagnose":

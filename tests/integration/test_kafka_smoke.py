@@ -155,7 +155,7 @@ async def _collect(bootstrap: str, topic: str, want: int, proc: subprocess.Popen
     out: list[dict] = []
     try:
         deadline = time.monotonic() + timeout
-        while len(out) < want and time.monotonic() < deadline:
+        while len({r["n"] for r in out}) < want and time.monotonic() < deadline:
             if proc.poll() is not None:
                 break
             batches = await consumer.getmany(timeout_ms=1000)
@@ -190,14 +190,21 @@ def _stop_worker(proc: subprocess.Popen) -> None:
 
 
 def _check_counts(out: list[dict], events: list[dict], log_path: Path, proc: subprocess.Popen) -> None:
-    assert len(out) == len(events), (
-        f"got {len(out)}/{len(events)} results; worker rc={proc.returncode}; "
+    """Every event was processed and each key's table count reached its total.
+
+    Faust is at-least-once: a restart may replay events whose offsets were not yet
+    committed, so a result may repeat; none may be missing, and the recovered table
+    must carry the counts on from where the changelog left them.
+    """
+    seen = {r["n"] for r in out}
+    assert seen == {ev["n"] for ev in events}, (
+        f"missing {sorted({ev['n'] for ev in events} - seen)}; worker rc={proc.returncode}; "
         f"worker log tail:\n{log_path.read_text()[-4000:]}"
     )
-    assert sorted(r["n"] for r in out) == sorted(ev["n"] for ev in events)
     for key, total in Counter(ev["key"] for ev in events).items():
-        counts = sorted(r["count"] for r in out if r["key"] == key)
-        assert counts == list(range(1, total + 1)), (key, counts)
+        counts = sorted({r["count"] for r in out if r["key"] == key})
+        assert counts[-1] >= total, (key, counts)
+        assert counts == list(range(1, counts[-1] + 1)), (key, counts)
 
 
 def test_faust_worker_agent_table(kafka_bootstrap: str, tmp_path: Path) -> None:

@@ -1,0 +1,238 @@
+"""Helpers for integration tests: a real worker process, a simulated cluster API, records.
+
+Every test module gets its own topic prefix and consumer group, so tests never see each
+other's records on the shared broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from pipeline.config import Settings, load_settings
+from pipeline.simulator import GPUS, Cluster, Job, Node, SimConfig
+from pipeline.simrun import SimRunner
+from pipeline.topics import ensure_topics
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BackgroundLoop:
+    """An asyncio loop in a thread, for servers that must run while a test waits."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        async def wrap() -> Any:
+            return fn()
+
+        return self.run(wrap())
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+class ClusterAPI:
+    """The simulator's cluster API on loopback, over a cluster the test populates."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.bg = BackgroundLoop()
+        self.port = free_port()
+        self.runner = SimRunner(settings, SimConfig(nodes=0, faults="none"), api_port=self.port)
+        self.cluster: Cluster = self.runner.cluster
+        self.bg.run(self.runner.start_api())
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def add_nodes(self, names: Iterable[str], leaf: str = "leaf-00") -> None:
+        def add() -> None:
+            for n in names:
+                self.cluster.nodes[n] = Node(name=n, leaf=leaf, rng=np.random.default_rng(len(self.cluster.nodes)))
+
+        self.bg.call(add)
+
+    def add_job(self, job: str, nodes: list[str], status: str = "running") -> None:
+        def add() -> None:
+            j = Job(id=job, size=len(nodes), steps_total=10**6, step_time=1.0, nodes=list(nodes), status=status)
+            self.cluster.jobs[job] = j
+            for n in nodes:
+                self.cluster.nodes[n].job = job
+
+        self.bg.call(add)
+
+    def state(self, fn: Callable[[Cluster], Any]) -> Any:
+        return self.bg.call(lambda: fn(self.cluster))
+
+    def close(self) -> None:
+        if self.runner._runner is not None:
+            self.bg.run(self.runner._runner.cleanup())
+        self.bg.stop()
+
+
+class Worker:
+    """``python -m pipeline worker`` as a subprocess with its own prefix and group."""
+
+    def __init__(self, bootstrap: str, *, sim_url: str, env: dict[str, str] | None = None) -> None:
+        tag = uuid.uuid4().hex[:8]
+        self.web_port = free_port()
+        self.env = {
+            **os.environ,
+            "FLEETMEDIC_KAFKA__BOOTSTRAP": bootstrap,
+            "FLEETMEDIC_KAFKA__TOPIC_PREFIX": f"it{tag}.",
+            "FLEETMEDIC_KAFKA__APP_ID": f"fleetmedic-it-{tag}",
+            "FLEETMEDIC_WORKER__WEB_PORT": str(self.web_port),
+            "FLEETMEDIC_WORKER__LOG_LEVEL": "info",
+            "FLEETMEDIC_ACTUATORS__BACKEND": "sim",
+            "FLEETMEDIC_ACTUATORS__SIM_URL": sim_url,
+            "FLEETMEDIC_POLICY__CORRELATION_GRACE_S": "1.5",
+            **(env or {}),
+        }
+        self.settings = load_settings(environ=self.env)
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fleetmedic-worker-{tag}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 90) -> "Worker":
+        asyncio.run(ensure_topics(self.settings))
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "worker"], cwd=ROOT, env=self.env,
+                                     stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if self.ready():
+                return self
+            time.sleep(0.5)
+        raise RuntimeError(f"worker not ready within {timeout}s:\n{self.log_tail()}")
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/fleetmedic/ready", timeout=2) as r:
+                return r.status == 200
+        except Exception:
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/fleetmedic/stats", timeout=5) as r:
+            return orjson.loads(r.read())
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "".join(self.log_path.read_text().splitlines(True)[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def topic(self, short: str) -> str:
+        return self.settings.topic(short)
+
+
+# ------------------------------------------------------------------------------ records
+
+
+def gpu_sample(node: str, ts: float, *, sbe: list[int] | None = None, dbe: list[int] | None = None,
+               lost: list[bool] | None = None, xids: list[tuple[int, int]] | None = None,
+               busy: bool = True, rng: np.random.Generator | None = None) -> dict[str, Any]:
+    r = rng or np.random.default_rng(int(ts) % 1000)
+    return {
+        "schema": "gpu/1", "ts": ts, "node": node,
+        "util": np.round(r.normal(96 if busy else 1, 1.5, GPUS).clip(0, 100), 1).tolist(),
+        "temp": np.round(r.normal(66, 1.5, GPUS), 1).tolist(),
+        "power": np.round(r.normal(650, 10, GPUS), 1).tolist(),
+        "sm_clock": [1980.0] * GPUS, "mem_clock": [2619.0] * GPUS, "throttle": [0] * GPUS,
+        "ecc_sbe": sbe or [0] * GPUS, "ecc_dbe": dbe or [0] * GPUS,
+        "remap_pending": [False] * GPUS, "remap_failure": [False] * GPUS,
+        "nvlink_crc": [0] * GPUS, "nvlink_replay": [0] * GPUS, "nvlink_recovery": [0] * GPUS,
+        "pcie_replay": [0] * GPUS, "lost": lost or [False] * GPUS,
+        "xids": [{"gpu": g, "code": c} for g, c in (xids or [])],
+    }
+
+
+def job_event(job: str, event: str, ts: float, nodes: list[str], attempt: int = 1, **extra: Any) -> dict[str, Any]:
+    return {"schema": "job/1", "ts": ts, "job": job, "event": event, "scheduler": "sim", "nodes": nodes,
+            "attempt": attempt, **extra}
+
+
+async def _produce(bootstrap: str, items: list[tuple[str, str | None, bytes]]) -> None:
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_request_size=4 * 1024 * 1024)
+    await p.start()
+    try:
+        for topic, key, value in items:
+            await p.send(topic, key=key.encode() if key is not None else None, value=value)
+        await p.flush()
+    finally:
+        await p.stop()
+
+
+def produce(bootstrap: str, items: list[tuple[str, str | None, Any]]) -> None:
+    """Send (topic, key, value) triples; dict values are JSON-encoded."""
+    encoded = [(t, k, v if isinstance(v, bytes) else orjson.dumps(v)) for t, k, v in items]
+    asyncio.run(_produce(bootstrap, encoded))
+
+
+def collect(bootstrap: str, topic: str, until: Callable[[list[dict[str, Any]]], bool], timeout: float = 60,
+            raw: bool = False) -> list[Any]:
+    """Read ``topic`` from the beginning until ``until(records)`` holds or ``timeout`` passes."""
+
+    async def run() -> list[Any]:
+        c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             group_id=None, enable_auto_commit=False)
+        await c.start()
+        out: list[Any] = []
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                batch = await c.getmany(timeout_ms=300)
+                for msgs in batch.values():
+                    for m in msgs:
+                        out.append(m if raw else orjson.loads(m.value))
+                if until(out):
+                    break
+        finally:
+            await c.stop()
+        return out
+
+    return asyncio.run(run())
