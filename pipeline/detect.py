@@ -266,6 +266,8 @@ class NetworkDetection:
         self.windows: dict[str, NetWindow] = {}
         self.cooldown = Cooldown(cfg.anomaly_cooldown_s)
         self.late = 0
+        self._pending: dict[int, list] = {}
+        self._queued: set[tuple[str, float]] = set()
 
     def process(self, samples: Iterable[NetworkSample]) -> list[Anomaly]:
         out: list[Anomaly] = []
@@ -290,6 +292,7 @@ class NetworkDetection:
             assert w.ring is not None
             w.ring.push(inc_sym)
             touched[s.node] = w
+            self._queue(s.node, w, last=False)
             for j in np.flatnonzero(down_now | (inc_down > 0)):
                 port = ports[j]
                 kind = "link_down" if down_now[j] else "link_flap"
@@ -298,21 +301,29 @@ class NetworkDetection:
                                 index=0, gpu=None, evidence={"port": port, "switch": w.switches[j],
                                                              "link_downed_delta": int(inc_down[j]), "state": "down" if down_now[j] else "up"})
                     out.append(_anomaly("link_rules", s.node, f, s.ts, subject_type="port", subject=f"{s.node}/{port}"))
-        full = [(n, w) for n, w in touched.items() if w.ring is not None and w.ring.full]
-        by_width: dict[int, list[tuple[str, NetWindow]]] = {}
-        for n, w in full:
-            by_width.setdefault(len(w.ports), []).append((n, w))
-        for _, items in by_width.items():
-            counts = np.stack([w.ring.ordered() for _, w in items])  # type: ignore[union-attr]
-            for f in self.rate.detect(counts):
-                node, w = items[f.index]
+        for node, w in touched.items():
+            self._queue(node, w, last=True)
+        pending, self._pending = self._pending, {}
+        self._queued.clear()
+        for _, items in pending.items():
+            for f in self.rate.detect(np.stack([x[2] for x in items])):
+                node, ts, _, w = items[f.index]
                 port = w.ports[f.gpu] if f.gpu is not None else "?"
-                if self.cooldown.allow((node, port, f.kind), w.ts):
+                if self.cooldown.allow((node, port, f.kind), ts):
                     ev = {**f.evidence, "port": port, "switch": w.switches[f.gpu] if f.gpu is not None else None}
                     f2 = Finding(kind=f.kind, fault_class=f.fault_class, severity=f.severity, score=f.score,
                                  index=f.index, gpu=None, evidence=ev)
-                    out.append(_anomaly("fabric_rate", node, f2, w.ts, subject_type="port", subject=f"{node}/{port}"))
+                    out.append(_anomaly("fabric_rate", node, f2, ts, subject_type="port", subject=f"{node}/{port}"))
+        out.sort(key=lambda a: a.ts)
         return out
+
+    def _queue(self, node: str, w: NetWindow, *, last: bool) -> None:
+        ring = w.ring
+        if ring is None or not ring.full or (node, w.ts) in self._queued:
+            return
+        if last or ring.buf[(ring.pos - 1) % ring.buf.shape[0]].any():
+            self._queued.add((node, w.ts))
+            self._pending.setdefault(len(w.ports), []).append((node, w.ts, ring.ordered(), w))
 
 
 class PeerDetection:
