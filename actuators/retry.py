@@ -32,10 +32,12 @@ class RetryPolicy:
     def delay(self, attempt: int, hint: float | None = None, rng: random.Random | None = None) -> float:
         """Delay before attempt ``attempt + 1`` (attempt counts from 1)."""
         d = min(self.max_delay, self.base_delay * self.multiplier ** (attempt - 1))
-        if hint is not None:
-            d = min(self.max_delay, max(d, hint))
         r = rng or random
-        return d * (1 + self.jitter * (2 * r.random() - 1))
+        d *= 1 + self.jitter * (2 * r.random() - 1)
+        if hint is not None:
+            # a server's Retry-After is a floor: never come back sooner than asked
+            d = max(d, hint)
+        return d
 
 
 class RetriesExhausted(ActuatorError):

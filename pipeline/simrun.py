@@ -26,14 +26,23 @@ log = logging.getLogger("fleetmedic.sim")
 class LiveLog:
     """One readable line per anomaly, verdict and action."""
 
-    def __init__(self, out: TextIO, t0: float, *, anomalies: bool = True) -> None:
+    def __init__(self, out: TextIO, t0: float, *, anomalies: bool = True, repeat_after: float = 120.0) -> None:
         self.out, self.t0, self.show_anomalies = out, t0, anomalies
+        self.repeat_after = repeat_after
+        self._shown: dict[tuple[str, str], float] = {}
+        self.suppressed = 0
 
     def line(self, ts: float, kind: str, text: str) -> None:
         self.out.write(f"[sim {ts - self.t0:7.0f}s] {kind:<8} {text}\n")
         self.out.flush()
 
     def anomaly(self, a: dict[str, Any]) -> None:
+        key = (a["subject"], a["kind"])
+        last = self._shown.get(key)
+        if last is not None and a["ts"] - last < self.repeat_after:
+            self.suppressed += 1  # the same finding again: shown once per repeat_after seconds
+            return
+        self._shown[key] = a["ts"]
         if self.show_anomalies:
             ev = a.get("evidence", {})
             detail = ", ".join(f"{k}={v}" for k, v in list(ev.items())[:3])

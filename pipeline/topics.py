@@ -68,6 +68,25 @@ async def ensure_topics(s: Settings, *, timeout: float = 60.0) -> list[str]:
                 await admin.create_topics(new)
             except TopicAlreadyExistsError:
                 pass
+            await _wait_for_leaders(admin, [t.name for t in new], deadline)
         return [t.name for t in new]
     finally:
         await admin.close()
+
+
+async def _wait_for_leaders(admin, names: list[str], deadline: float) -> None:
+    """Wait until every partition of the new topics has a leader (clients then start cleanly)."""
+    loop = asyncio.get_running_loop()
+    while loop.time() < deadline:
+        try:
+            described = await admin.describe_topics(names)
+        except Exception:  # metadata not there yet
+            described = []
+        ready = len(described) == len(names) and all(
+            t.get("error_code", 0) == 0 and t.get("partitions")
+            and all(p.get("leader", -1) >= 0 for p in t["partitions"])
+            for t in described
+        )
+        if ready:
+            return
+        await asyncio.sleep(0.2)

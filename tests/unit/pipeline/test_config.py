@@ -1,0 +1,76 @@
+"""Settings: defaults < TOML file < environment; a bad value names its field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import ConfigError, PolicySettings, load_settings
+
+
+def test_defaults_load_without_a_file_or_environment() -> None:
+    s = load_settings(environ={})
+    assert s.safety.max_fraction == 0.1
+    assert s.topic("verdicts") == "fleetmedic.verdicts"
+
+
+def test_an_environment_variable_overrides_its_key() -> None:
+    s = load_settings(environ={"FLEETMEDIC_SAFETY__MAX_FRACTION": "0.05", "FLEETMEDIC_SAFETY__DRY_RUN": "true"})
+    assert s.safety.max_fraction == 0.05
+    assert s.safety.dry_run is True
+
+
+def test_a_bad_value_fails_naming_the_field() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(environ={"FLEETMEDIC_SAFETY__MAX_FRACTION": "2"})
+    assert "safety.max_fraction" in str(err.value)
+    assert err.value.code == 2
+
+
+def test_an_unknown_key_is_rejected_naming_it() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(environ={"FLEETMEDIC_SAFETY__MAX_FRACTON": "0.05"})
+    assert "safety.max_fracton" in str(err.value)
+
+
+def test_a_toml_file_is_loaded_and_the_environment_wins_over_it(tmp_path: Path) -> None:
+    path = tmp_path / "fleetmedic.toml"
+    path.write_text('[kafka]\nbootstrap = "kafka-0:9092"\n\n[safety]\nmax_fraction = 0.2\nmax_absolute = 7\n')
+    s = load_settings(path, environ={"FLEETMEDIC_SAFETY__MAX_FRACTION": "0.05"})
+    assert s.kafka.bootstrap == "kafka-0:9092"
+    assert s.safety.max_absolute == 7
+    assert s.safety.max_fraction == 0.05
+
+
+def test_the_config_file_can_be_named_in_the_environment(tmp_path: Path) -> None:
+    path = tmp_path / "fleetmedic.toml"
+    path.write_text("[policy]\nlemon_returns = 5\n")
+    s = load_settings(environ={"FLEETMEDIC_CONFIG": str(path)})
+    assert s.policy.lemon_returns == 5
+
+
+def test_a_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as err:
+        load_settings(missing, environ={})
+    assert str(err.value) == f"config file not found: {missing}"
+
+
+def test_a_config_file_that_is_not_toml_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[safety\nmax_fraction = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings(path, environ={})
+
+
+def test_a_recent_part_as_long_as_the_detection_window_is_rejected() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(environ={"FLEETMEDIC_DETECTORS__WINDOW": "30", "FLEETMEDIC_DETECTORS__RECENT": "30"})
+    assert "detectors" in str(err.value) and "recent (30) must be smaller than window (30)" in str(err.value)
+
+
+def test_policy_settings_refuse_unknown_overrides() -> None:
+    assert PolicySettings(transient_retries=0).transient_retries == 0
+    with pytest.raises(ValueError, match="transient_retry"):
+        PolicySettings(transient_retry=1)  # type: ignore[call-arg]

@@ -1,0 +1,211 @@
+"""The job track: job events and node notices about one job become job verdicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config import PolicySettings
+from pipeline.policy import job_on_event, job_on_notice, job_on_tick, new_job_history
+from schemas import ActionName, FaultClass, JobEventKind, JobNotice
+
+from .builders import T0, job_event, job_notice
+
+JOB = "train-0001"
+NODES = ["node-0001", "node-0002"]
+GRACE = 3.0
+WALL = 5000.0  # the job track's wall clock, independent of event time
+
+NCCL = dict(exit_code=-6, reason="NCCL watchdog timeout",
+            log_tail="Watchdog caught collective operation timeout: WorkNCCL(SeqNum=88213) ran for 600042 ms")
+TRACEBACK = dict(exit_code=1, reason="exit code 1",
+                 log_tail='Traceback (most recent call last):\n  File "train.py", line 211\nKeyError: \'labels\'')
+
+
+@pytest.fixture
+def cfg() -> PolicySettings:
+    return PolicySettings(correlation_grace_s=GRACE, transient_retries=2, user_error_retries=1,
+                          checkpoint_deadline_s=600.0, degrade_window_s=600.0)
+
+
+def _running(cfg: PolicySettings, attempt: int = 1, hist: dict | None = None, nodes=NODES, ts: float = T0) -> dict:
+    hist = hist or new_job_history(JOB)
+    job_on_event(hist, job_event(JOB, "started", ts, nodes=nodes, attempt=attempt), cfg, WALL)
+    return hist
+
+
+def _fail(hist: dict, cfg: PolicySettings, ts: float, attempt: int = 1, wall: float = WALL, **detail):
+    return job_on_event(hist, job_event(JOB, "failed", ts, nodes=NODES, attempt=attempt, **detail), cfg, wall)
+
+
+def _judged(hist: dict, cfg: PolicySettings, ts: float, attempt: int = 1, **detail):
+    """A failure with no node evidence, judged once the grace has passed."""
+    waiting = _fail(hist, cfg, ts, attempt, **detail)
+    assert waiting.verdicts == []
+    return job_on_tick(hist, cfg, WALL + GRACE, ts)
+
+
+def _only(d):
+    [v] = d.verdicts
+    [a] = v.actions
+    return v, a
+
+
+def test_starting_a_job_tells_each_node_it_was_placed(cfg) -> None:
+    hist = new_job_history(JOB)
+    d = job_on_event(hist, job_event(JOB, "started", T0, nodes=NODES), cfg, WALL)
+    assert [(n.node, n.kind) for n in d.node_notices] == [(n, "placed") for n in NODES]
+
+
+def test_a_failure_after_a_node_fault_requeues_excluding_that_node(cfg) -> None:
+    hist = _running(cfg)
+    job_on_notice(hist, job_notice(JOB, "node-0002", "node_fault", T0 + 5, incident="inc-xid79"), cfg, WALL)
+    d = _fail(hist, cfg, T0 + 6, exit_code=1, reason="CUDA error: unspecified launch failure")
+    v, a = _only(d)
+    assert a.action is ActionName.requeue and a.target == JOB
+    assert a.params["exclude"] == ["node-0002"]
+    assert v.incident == "inc-xid79"
+    assert v.fault_class is FaultClass.gpu_hardware
+    assert d.tick_at is None
+
+
+def test_a_failure_without_node_evidence_waits_for_the_grace(cfg) -> None:
+    hist = _running(cfg)
+    d = _fail(hist, cfg, T0 + 6, **NCCL)
+    assert d.verdicts == [] and d.node_notices == []
+    assert d.tick_at == WALL + GRACE
+    early = job_on_tick(hist, cfg, WALL + GRACE / 2, T0 + 7)
+    assert early.verdicts == [] and early.tick_at == WALL + GRACE
+
+
+def test_an_nccl_timeout_without_node_evidence_is_retried_and_counted_against_each_node(cfg) -> None:
+    hist = _running(cfg)
+    _fail(hist, cfg, T0 + 6, **NCCL)
+    tick = JobNotice(ts=T0 + 9, job=JOB, node="-", kind="tick", fault_class=FaultClass.unknown, incident="-")
+    d = job_on_notice(hist, tick, cfg, WALL + GRACE)
+    v, a = _only(d)
+    assert a.action is ActionName.retry
+    assert v.fault_class is FaultClass.transient_software
+    assert [(n.node, n.kind, n.job) for n in d.node_notices] == [(n, "job_failed", JOB) for n in NODES]
+
+
+def test_a_node_fault_arriving_while_a_failure_waits_decides_hardware_at_once(cfg) -> None:
+    hist = _running(cfg)
+    _fail(hist, cfg, T0 + 6, **NCCL)
+    d = job_on_notice(hist, job_notice(JOB, "node-0001", "node_fault", T0 + 7, incident="inc-ecc",
+                                       fault_class=FaultClass.gpu_memory), cfg, WALL + 1)
+    v, a = _only(d)
+    assert a.action is ActionName.requeue and a.params["exclude"] == ["node-0001"]
+    assert (v.incident, v.fault_class) == ("inc-ecc", FaultClass.gpu_memory)
+    assert d.node_notices == []
+    # the grace expiring later does not judge the failure a second time
+    assert job_on_tick(hist, cfg, WALL + GRACE, T0 + 9).verdicts == []
+
+
+def test_a_node_fault_on_a_node_the_job_does_not_use_is_no_evidence(cfg) -> None:
+    hist = _running(cfg)
+    _fail(hist, cfg, T0 + 6, **NCCL)
+    d = job_on_notice(hist, job_notice(JOB, "node-0099", "node_fault", T0 + 7), cfg, WALL + 1)
+    assert d.verdicts == []
+    _, a = _only(job_on_tick(hist, cfg, WALL + GRACE, T0 + 9))
+    assert a.action is ActionName.retry
+
+
+def test_the_same_traceback_twice_stops_the_job_as_a_user_error(cfg) -> None:
+    hist = _running(cfg)
+    first, a1 = _only(_judged(hist, cfg, T0 + 20, **TRACEBACK))
+    assert a1.action is ActionName.retry
+    _running(cfg, attempt=2, hist=hist, ts=T0 + 30)
+    second, a2 = _only(_judged(hist, cfg, T0 + 50, attempt=2, **TRACEBACK))
+    assert a2.action is ActionName.stop
+    assert second.fault_class is FaultClass.user_error
+    assert second.evidence["repeats"] == 2
+
+
+def test_transient_failures_beyond_the_retry_budget_are_requeued(cfg) -> None:
+    hist = new_job_history(JOB)
+    actions = []
+    for attempt in range(1, cfg.transient_retries + 3):
+        _running(cfg, attempt=attempt, hist=hist, ts=T0 + 100 * attempt)
+        _, a = _only(_judged(hist, cfg, T0 + 100 * attempt + 50, attempt=attempt, **NCCL))
+        actions.append(a.action)
+    assert actions[: cfg.transient_retries] == [ActionName.retry] * cfg.transient_retries
+    assert set(actions[cfg.transient_retries:]) == {ActionName.requeue}
+
+
+def test_a_degrading_node_moves_the_job_at_its_next_checkpoint(cfg) -> None:
+    hist = _running(cfg)
+    notice = job_notice(JOB, "node-0002", "node_degrading", T0 + 10, incident="inc-sbe",
+                        fault_class=FaultClass.node_degrading)
+    assert job_on_notice(hist, notice, cfg, WALL).verdicts == []
+    progress = job_on_event(hist, job_event(JOB, "progress", T0 + 20, nodes=NODES, step=100), cfg, WALL)
+    assert progress.verdicts == []
+    d = job_on_event(hist, job_event(JOB, "checkpoint", T0 + 60, nodes=NODES, step=120, checkpoint_step=120),
+                     cfg, WALL)
+    v, a = _only(d)
+    assert a.action is ActionName.requeue
+    assert a.params["exclude"] == ["node-0002"] and a.params["from_checkpoint"] is True
+    assert v.incident == "inc-sbe"
+    assert v.evidence["checkpoint"]["step"] == 120
+
+
+def test_a_degrading_node_moves_the_job_when_the_checkpoint_deadline_passes(cfg) -> None:
+    hist = _running(cfg)
+    notice = job_notice(JOB, "node-0002", "node_degrading", T0 + 10, incident="inc-thermal",
+                        fault_class=FaultClass.node_degrading)
+    job_on_notice(hist, notice, cfg, WALL)
+    before = job_on_event(hist, job_event(JOB, "progress", T0 + 10 + cfg.checkpoint_deadline_s - 1, nodes=NODES),
+                          cfg, WALL)
+    assert before.verdicts == []
+    after = job_on_event(hist, job_event(JOB, "progress", T0 + 10 + cfg.checkpoint_deadline_s, nodes=NODES),
+                         cfg, WALL)
+    v, a = _only(after)
+    assert a.action is ActionName.requeue and a.params["exclude"] == ["node-0002"]
+    assert v.evidence["reason"] == "checkpoint deadline passed"
+
+
+def test_a_duplicate_failure_event_of_a_decided_attempt_produces_nothing(cfg) -> None:
+    hist = _running(cfg)
+    _judged(hist, cfg, T0 + 6, **NCCL)
+    again = _fail(hist, cfg, T0 + 6, **NCCL)
+    assert again.verdicts == [] and again.node_notices == [] and again.tick_at is None
+    assert job_on_tick(hist, cfg, WALL + 10 * GRACE, T0 + 20).verdicts == []
+
+
+def test_a_duplicate_failure_event_while_judging_does_not_restart_the_grace(cfg) -> None:
+    hist = _running(cfg)
+    _fail(hist, cfg, T0 + 6, **NCCL)
+    again = _fail(hist, cfg, T0 + 6, wall=WALL + 2, **NCCL)
+    assert again.tick_at is None
+    assert len(job_on_tick(hist, cfg, WALL + GRACE, T0 + 9).verdicts) == 1
+
+
+def _replay(cfg: PolicySettings) -> list[str]:
+    hist = _running(cfg)
+    ids = [v.id for v in _judged(hist, cfg, T0 + 6, **NCCL).verdicts]
+    _running(cfg, attempt=2, hist=hist, ts=T0 + 20)
+    job_on_notice(hist, job_notice(JOB, "node-0001", "node_fault", T0 + 25, incident="inc-2"), cfg, WALL)
+    ids += [v.id for v in _fail(hist, cfg, T0 + 26, attempt=2, **NCCL).verdicts]
+    return ids
+
+
+def test_verdict_ids_are_deterministic(cfg) -> None:
+    first, second = _replay(cfg), _replay(cfg)
+    assert len(first) == 2
+    assert first == second
+    assert first[0] != first[1]
+
+
+def test_diagnostics_job_events_become_diagnostics_notices_for_the_node(cfg) -> None:
+    hist = new_job_history("diag-node-0003-1")
+    kinds = []
+    for event, extra in (("started", {}), ("completed", {"reason": "dcgmi diag -r 2: pass"})):
+        e = job_event("diag-node-0003-1", event, T0, nodes=["node-0003"], diagnostics_for="node-0003", **extra)
+        d = job_on_event(hist, e, cfg, WALL)
+        assert d.verdicts == []
+        kinds += [(n.node, n.kind) for n in d.node_notices]
+    failed = job_event("diag-node-0003-2", JobEventKind.failed, T0, nodes=["node-0003"],
+                       diagnostics_for="node-0003", reason="dcgmi diag -r 2: fail")
+    [n] = job_on_event(new_job_history("diag-node-0003-2"), failed, cfg, WALL).node_notices
+    kinds.append((n.node, n.kind))
+    assert kinds == [("node-0003", "diag_started"), ("node-0003", "diag_passed"), ("node-0003", "diag_failed")]
+    assert n.reason == "dcgmi diag -r 2: fail"

@@ -1,0 +1,196 @@
+"""The node track: anomalies and notices about one node become node verdicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config import PolicySettings
+from pipeline.policy import (
+    DIAGNOSING,
+    FAILED,
+    HEALTHY,
+    ISOLATED,
+    SUSPECT,
+    new_node_health,
+    node_on_anomaly,
+    node_on_notice,
+)
+from schemas import ActionName, FaultClass, Severity
+
+from .builders import T0, anomaly, critical_gpu_lost, node_notice
+
+NODE = "node-0001"
+JOB = "train-0001"
+
+
+@pytest.fixture
+def cfg() -> PolicySettings:
+    return PolicySettings(degrade_confirmations=3, degrade_window_s=600.0, repeat_failure_jobs=3,
+                          lemon_returns=3, lemon_window_s=86400.0)
+
+
+def _placed(cfg: PolicySettings, job: str = JOB) -> dict:
+    h = new_node_health()
+    node_on_notice(h, node_notice(NODE, "placed", job), cfg)
+    return h
+
+
+def _actions(v) -> list[ActionName]:
+    return [a.action for a in v.actions]
+
+
+def _warning(ts: float, kind: str = "ecc_sbe_rate"):
+    return anomaly(NODE, ts, kind=kind, fault_class=FaultClass.node_degrading, severity=Severity.warning)
+
+
+def test_a_critical_gpu_hardware_anomaly_isolates_drains_diagnoses_and_tells_the_job(cfg) -> None:
+    h = _placed(cfg)
+    d = node_on_anomaly(h, critical_gpu_lost(NODE, T0), cfg)
+    [v] = d.verdicts
+    assert _actions(v) == [ActionName.isolate, ActionName.drain, ActionName.diagnose]
+    assert all(a.target == NODE for a in v.actions)
+    assert (v.scope, v.subject, v.fault_class) == ("node", NODE, FaultClass.gpu_hardware)
+    [notice] = d.job_notices
+    assert (notice.job, notice.node, notice.kind) == (JOB, NODE, "node_fault")
+    assert notice.incident == v.incident
+    assert h["state"] == ISOLATED
+
+
+def test_a_critical_fault_on_an_idle_node_isolates_without_a_job_notice(cfg) -> None:
+    h = new_node_health()
+    d = node_on_anomaly(h, critical_gpu_lost(NODE, T0), cfg)
+    assert _actions(d.verdicts[0]) == [ActionName.isolate, ActionName.drain, ActionName.diagnose]
+    assert d.job_notices == []
+
+
+def test_a_single_degradation_warning_makes_the_node_suspect_but_does_not_isolate(cfg) -> None:
+    h = _placed(cfg)
+    d = node_on_anomaly(h, _warning(T0), cfg)
+    assert d.verdicts == [] and d.job_notices == []
+    assert h["state"] == SUSPECT
+
+
+def test_confirmed_degradation_under_a_running_job_isolates_without_drain_and_warns_the_job(cfg) -> None:
+    h = _placed(cfg)
+    decisions = [node_on_anomaly(h, _warning(T0 + 60 * i), cfg) for i in range(3)]
+    assert [len(d.verdicts) for d in decisions] == [0, 0, 1]
+    v = decisions[-1].verdicts[0]
+    assert _actions(v) == [ActionName.isolate, ActionName.diagnose]
+    assert v.fault_class is FaultClass.node_degrading
+    assert v.evidence["confirmations"] == 3
+    [notice] = decisions[-1].job_notices
+    assert (notice.job, notice.kind, notice.incident) == (JOB, "node_degrading", v.incident)
+    assert h["state"] == ISOLATED
+
+
+def test_confirmed_degradation_on_an_idle_node_also_drains(cfg) -> None:
+    h = new_node_health()
+    for i in range(3):
+        d = node_on_anomaly(h, _warning(T0 + 60 * i), cfg)
+    assert _actions(d.verdicts[0]) == [ActionName.isolate, ActionName.drain, ActionName.diagnose]
+    assert d.job_notices == []
+
+
+def test_degradation_warnings_outside_the_window_do_not_count(cfg) -> None:
+    h = _placed(cfg)
+    spacing = cfg.degrade_window_s / 2 + 1  # any two consecutive fit the window, never three
+    decisions = [node_on_anomaly(h, _warning(T0 + spacing * i), cfg) for i in range(5)]
+    assert all(d.verdicts == [] for d in decisions)
+    assert h["state"] == SUSPECT
+
+
+def test_info_findings_are_not_degradation_evidence(cfg) -> None:
+    h = _placed(cfg)
+    for i in range(5):
+        d = node_on_anomaly(h, anomaly(NODE, T0 + i, severity=Severity.info), cfg)
+        assert d.verdicts == []
+    assert h["state"] == HEALTHY
+
+
+def test_anomalies_on_an_isolated_node_produce_no_new_verdict(cfg) -> None:
+    h = _placed(cfg)
+    node_on_anomaly(h, critical_gpu_lost(NODE, T0), cfg)
+    later = [critical_gpu_lost(NODE, T0 + 1), *(_warning(T0 + 2 + i) for i in range(3))]
+    for a in later:
+        d = node_on_anomaly(h, a, cfg)
+        assert d.verdicts == [] and d.job_notices == []
+    assert h["state"] == ISOLATED
+
+
+def test_failures_of_enough_distinct_jobs_isolate_the_node(cfg) -> None:
+    h = new_node_health()
+    first = node_on_notice(h, node_notice(NODE, "job_failed", "job-a", T0), cfg)
+    again = node_on_notice(h, node_notice(NODE, "job_failed", "job-a", T0 + 10), cfg)
+    second = node_on_notice(h, node_notice(NODE, "job_failed", "job-b", T0 + 20), cfg)
+    assert first.verdicts == again.verdicts == second.verdicts == []
+    third = node_on_notice(h, node_notice(NODE, "job_failed", "job-c", T0 + 30), cfg)
+    [v] = third.verdicts
+    assert ActionName.isolate in _actions(v)
+    assert v.evidence["failed_jobs"] == ["job-a", "job-b", "job-c"]
+    assert h["state"] == ISOLATED
+
+
+def test_job_failures_older_than_the_repeat_window_do_not_count(cfg) -> None:
+    h = new_node_health()
+    step = cfg.repeat_failure_window_s / 2 + 1
+    for i, job in enumerate(["job-a", "job-b", "job-c", "job-d"]):
+        d = node_on_notice(h, node_notice(NODE, "job_failed", job, T0 + step * i), cfg)
+        assert d.verdicts == []
+
+
+def _isolate(h: dict, cfg: PolicySettings, ts: float):
+    return node_on_anomaly(h, critical_gpu_lost(NODE, ts), cfg).verdicts[0]
+
+
+def test_passed_diagnostics_return_the_node_and_reset_its_state(cfg) -> None:
+    h = new_node_health()
+    node_on_anomaly(h, _warning(T0), cfg)
+    isolation = _isolate(h, cfg, T0 + 1)
+    node_on_notice(h, node_notice(NODE, "diag_started", "diag-1", T0 + 2), cfg)
+    assert h["state"] == DIAGNOSING
+    d = node_on_notice(h, node_notice(NODE, "diag_passed", "diag-1", T0 + 62), cfg)
+    [v] = d.verdicts
+    assert _actions(v) == [ActionName.return_]
+    assert v.incident == isolation.incident
+    assert h["state"] == HEALTHY and h["anomalies"] == [] and h["incident"] is None
+    # a fresh single warning after the return does not isolate on old evidence
+    assert node_on_anomaly(h, _warning(T0 + 100), cfg).verdicts == []
+
+
+def test_failed_diagnostics_escalate_and_keep_the_node_out(cfg) -> None:
+    h = new_node_health()
+    isolation = _isolate(h, cfg, T0)
+    d = node_on_notice(h, node_notice(NODE, "diag_failed", "diag-1", T0 + 60, reason="dcgmi: fail"), cfg)
+    [v] = d.verdicts
+    assert _actions(v) == [ActionName.escalate]
+    assert v.incident == isolation.incident
+    assert h["state"] == FAILED
+    assert node_on_anomaly(h, critical_gpu_lost(NODE, T0 + 100), cfg).verdicts == []
+
+
+def test_diagnostics_results_for_a_node_in_service_change_nothing(cfg) -> None:
+    h = new_node_health()
+    d = node_on_notice(h, node_notice(NODE, "diag_passed", "diag-1", T0), cfg)
+    assert d.verdicts == [] and h["state"] == HEALTHY
+
+
+def test_a_node_that_keeps_coming_back_is_escalated_as_a_lemon(cfg) -> None:
+    h = new_node_health()
+    outcomes = []
+    for i in range(cfg.lemon_returns):
+        t = T0 + 1000 * i
+        _isolate(h, cfg, t)
+        [v] = node_on_notice(h, node_notice(NODE, "diag_passed", f"diag-{i}", t + 60), cfg).verdicts
+        outcomes.append(_actions(v))
+    assert outcomes[:-1] == [[ActionName.return_]] * (cfg.lemon_returns - 1)
+    assert outcomes[-1] == [ActionName.escalate]
+    assert h["state"] == FAILED
+
+
+def test_returns_older_than_the_lemon_window_are_forgiven(cfg) -> None:
+    h = new_node_health()
+    for i in range(cfg.lemon_returns + 2):
+        t = T0 + (cfg.lemon_window_s + 1) * i
+        _isolate(h, cfg, t)
+        [v] = node_on_notice(h, node_notice(NODE, "diag_passed", f"diag-{i}", t + 60), cfg).verdicts
+        assert _actions(v) == [ActionName.return_]
