@@ -210,18 +210,17 @@ class GpuDetection:
     def _snapshot(self, node: str, w: GpuWindow, last: bool) -> None:
         """Queue the node's current windows for scoring.
 
-        A window is scored when its newest interval brought new events (or throttling),
-        and at the node's last sample of a batch, so a backlog read in one large batch is
-        judged at every step that matters, not only at its end.
+        Every full window is scored at every accepted sample, so a backlog read in one
+        large batch gives the same findings, at the same event times, as the same samples
+        read one at a time.  (``last`` is kept for callers; scoring is per step.)
         """
         for name in (*self.rates, "thermal"):
             ring = w.rings[name]
             if not ring.full or (node, name, w.ts) in self._snapped:
                 continue
-            if last or ring.buf[(ring.pos - 1) % ring.buf.shape[0]].any():
-                self._snapped.add((node, name, w.ts))
-                data = (ring.ordered(), w.rings["temp"].ordered()) if name == "thermal" else ring.ordered()
-                self._pending.setdefault((w.width, name), []).append((node, w.ts, data))
+            self._snapped.add((node, name, w.ts))
+            data = (ring.ordered(), w.rings["temp"].ordered()) if name == "thermal" else ring.ordered()
+            self._pending.setdefault((w.width, name), []).append((node, w.ts, data))
 
     def _trends(self, touched: dict[str, GpuWindow]) -> list[Anomaly]:
         out: list[Anomaly] = []
@@ -321,9 +320,8 @@ class NetworkDetection:
         ring = w.ring
         if ring is None or not ring.full or (node, w.ts) in self._queued:
             return
-        if last or ring.buf[(ring.pos - 1) % ring.buf.shape[0]].any():
-            self._queued.add((node, w.ts))
-            self._pending.setdefault(len(w.ports), []).append((node, w.ts, ring.ordered(), w))
+        self._queued.add((node, w.ts))
+        self._pending.setdefault(len(w.ports), []).append((node, w.ts, ring.ordered(), w))
 
 
 class PeerDetection:

@@ -91,10 +91,23 @@ class Severity(str, Enum):
     critical = "critical"
 
 
+def _require_schema_field(schema: dict[str, Any]) -> None:
+    """On the wire ``schema`` is required (it has a default only for records built in code)."""
+    required = schema.setdefault("required", [])
+    if "schema" in schema.get("properties", {}) and "schema" not in required:
+        required.insert(0, "schema")
+
+
 class Record(BaseModel):
     """Base of every record: strict numbers, no NaN or infinities, extra fields ignored."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True, serialize_by_alias=True)
+    model_config = ConfigDict(
+        extra="ignore",
+        allow_inf_nan=False,
+        populate_by_name=True,
+        serialize_by_alias=True,
+        json_schema_extra=_require_schema_field,
+    )
 
     ts: float = Field(ge=0.0, le=32503680000.0, description="event time, Unix seconds")
 

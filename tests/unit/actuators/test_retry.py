@@ -44,11 +44,17 @@ def test_jitter_stays_within_its_share() -> None:
     assert len(set(delays)) > 1
 
 
-def test_a_retry_hint_is_respected_but_still_capped() -> None:
+def test_a_retry_hint_is_a_floor_on_the_delay() -> None:
     policy = RetryPolicy(base_delay=0.1, max_delay=5.0, jitter=0.0)
     assert policy.delay(1, hint=2.0) == 2.0
-    assert policy.delay(1, hint=60.0) == 5.0
+    assert policy.delay(1, hint=60.0) == 60.0  # never come back sooner than the server asked
     assert policy.delay(4, hint=0.01) == 0.8  # a shorter hint does not shorten the backoff
+
+
+def test_jitter_never_brings_the_delay_below_the_hint() -> None:
+    policy = RetryPolicy(base_delay=1.0, max_delay=10.0, jitter=0.5)
+    rng = random.Random(3)
+    assert all(policy.delay(1, hint=1.0, rng=rng) >= 1.0 for _ in range(200))
 
 
 @pytest.mark.asyncio

@@ -6,7 +6,10 @@ fields its behaviour depends on.
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import numpy as np
 
 from schemas import (
     Anomaly,
@@ -129,3 +132,19 @@ def verdict(
         ts=ts, id=id, incident=f"inc-{id}", scope=scope, subject=subject,  # type: ignore[arg-type]
         fault_class=fault_class, confidence=0.9, actions=planned,
     )
+
+
+def sbe_ramp(n: int = 400, *, node: str = "node-0001", gpu: int = 5, start: int = 200, seed: int = 0,
+             t0: float = T0) -> list[GpuSample]:
+    """A node whose GPU ``gpu`` develops a single-bit ECC error storm, as the simulator's
+    ``sbe_rise`` fault does: rare background errors on every GPU, then from ``start`` a
+    Poisson rate that grows exponentially (capped at 5 per sample) on one GPU."""
+    rng = np.random.default_rng(seed)
+    sbe = np.zeros(GPUS, dtype=np.int64)
+    out = []
+    for i in range(n):
+        sbe += rng.poisson(2e-3, GPUS)
+        if i >= start:
+            sbe[gpu] += rng.poisson(min(5.0, 0.01 * math.exp((i - start) / 30.0)))
+        out.append(gpu_sample(node, t0 + i, ecc_sbe=sbe.tolist()))
+    return out
