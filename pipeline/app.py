@@ -183,40 +183,31 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     # ------------------------------------------------------------------ detection agents
 
-    @app.agent(t_gpu, name="detect_gpu")
-    async def detect_gpu(stream: faust.StreamT) -> None:
+    async def detect_batches(stream: faust.StreamT, model: type[Record], detection: Any, what: str) -> None:
+        """Decode a batch, run the detection over it at once, send its anomalies."""
         async for events in stream.take_events(s.worker.batch_size, within=s.worker.batch_within_s):
             samples = []
             for ev in events:
-                rec = await decode_event(ev, GpuSample)
+                rec = await decode_event(ev, model)
                 if rec is not None:
                     samples.append(rec)
                     seen_nodes.add(rec.node)
             try:
-                anomalies = gpu_detection.process(samples)
+                anomalies = detection.process(samples)
             except Exception as exc:  # a detector bug must not stop the stream
-                log.exception("GPU detection failed on a batch of %d samples", len(samples))
+                log.exception("%s detection failed on a batch of %d samples", what, len(samples))
                 for ev in events:
                     await send_dead(ev, f"detector error: {exc!r}")
                 continue
             await emit_anomalies(anomalies)
 
+    @app.agent(t_gpu, name="detect_gpu")
+    async def detect_gpu(stream: faust.StreamT) -> None:
+        await detect_batches(stream, GpuSample, gpu_detection, "GPU")
+
     @app.agent(t_net, name="detect_network")
     async def detect_network(stream: faust.StreamT) -> None:
-        async for events in stream.take_events(s.worker.batch_size, within=s.worker.batch_within_s):
-            samples = []
-            for ev in events:
-                rec = await decode_event(ev, NetworkSample)
-                if rec is not None:
-                    samples.append(rec)
-            try:
-                anomalies = net_detection.process(samples)
-            except Exception as exc:
-                log.exception("network detection failed on a batch of %d samples", len(samples))
-                for ev in events:
-                    await send_dead(ev, f"detector error: {exc!r}")
-                continue
-            await emit_anomalies(anomalies)
+        await detect_batches(stream, NetworkSample, net_detection, "network")
 
     # ------------------------------------------------------------------ correlator
 
