@@ -15,6 +15,7 @@ For every planned action, in the verdict's order:
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import time
 from collections.abc import Callable, MutableMapping
@@ -30,12 +31,45 @@ from actuators import (
     RetryPolicy,
     call_with_retry,
 )
-from schemas import ActionName, ActionRecord, Outcome, Verdict
+from schemas import JOB_ACTIONS, ActionName, ActionRecord, Outcome, Verdict
 
 log = logging.getLogger(__name__)
 
 #: outcomes after which the action is settled and a replay must not act again
 SETTLED = frozenset({Outcome.applied, Outcome.already_so, Outcome.dry_run, Outcome.held_by_budget})
+
+
+class BackendRouter:
+    """Which backend acts on a target: node pools by name pattern, jobs by their scheduler.
+
+    A job action's ``params["scheduler"]`` (set by the job track from the job's
+    ``telemetry.job`` records) picks the backend of that scheduler; a node action goes to
+    the backend of the first pool whose pattern matches the node; anything else goes to
+    the default backend.
+    """
+
+    def __init__(self, backends: dict[str, Backend], *, default: str,
+                 pools: list[tuple[list[str], str]] | None = None) -> None:
+        if default not in backends:
+            raise ValueError(f"default backend {default!r} is not among {sorted(backends)}")
+        self.backends = backends
+        self.default = default
+        self.pools = pools or []
+
+    @property
+    def default_backend(self) -> Backend:
+        return self.backends[self.default]
+
+    def __call__(self, req: ActionRequest) -> Backend:
+        if req.action in JOB_ACTIONS:
+            sched = req.params.get("scheduler")
+            if sched in self.backends:
+                return self.backends[sched]
+            return self.default_backend
+        for patterns, name in self.pools:
+            if any(fnmatch.fnmatchcase(req.target, p) for p in patterns):
+                return self.backends[name]
+        return self.default_backend
 
 
 @dataclass
@@ -48,6 +82,10 @@ class Actuation:
     ledger: MutableMapping[str, str] = field(default_factory=dict)
     sleep: Callable | None = None
     clock: Callable[[], float] = time.time
+    router: Callable[[ActionRequest], Backend] | None = None
+
+    def backend_for(self, req: ActionRequest) -> Backend:
+        return self.router(req) if self.router is not None else self.backend
 
     async def carry_out(self, verdict: Verdict) -> list[ActionRecord]:
         records: list[ActionRecord] = []
@@ -78,7 +116,7 @@ class Actuation:
                     self.ledger[req.key] = rec.outcome.value
                     records.extend(await self._escalate_hold(verdict, req, decision.reason))
                     continue
-            rec = await self._apply(self.backend, req, verdict.ts)
+            rec = await self._apply(self.backend_for(req), req, verdict.ts)
             if planned.action is ActionName.isolate and rec.outcome is Outcome.failed:
                 self.breaker.release(planned.target)
             records.append(rec)

@@ -43,7 +43,7 @@ from schemas import (
 )
 
 from . import policy
-from .actuate import Actuation
+from .actuate import Actuation, BackendRouter
 from .config import Settings
 from .detect import GpuDetection, NetworkDetection, PeerDetection
 from .topics import topic_specs
@@ -51,19 +51,32 @@ from .topics import topic_specs
 log = logging.getLogger("fleetmedic")
 
 
-def build_backend(s: Settings):
+def _backend(name: str, s: Settings):
     a = s.actuators
-    if a.backend == "sim":
+    if name == "sim":
         from actuators.sim import SimBackend
 
-        backend = SimBackend(a.sim_url)
-    elif a.backend == "kubernetes":
+        return SimBackend(a.sim_url)
+    if name == "kubernetes":
         from actuators.kubernetes import KubernetesBackend
 
-        backend = KubernetesBackend.from_config(a.kubeconfig, context=a.kube_context)
-    else:
-        return DryRunBackend()
-    return DryRun(backend) if s.safety.dry_run else backend
+        return KubernetesBackend.from_config(a.kubeconfig, context=a.kube_context)
+    if name == "slurm":
+        from actuators.slurm import SlurmBackend
+
+        return SlurmBackend(slurm_conf=a.slurm_conf, diag_command=a.slurm_diag_command)
+    return DryRunBackend()
+
+
+def build_router(s: Settings) -> "BackendRouter":
+    """Backends by name, built once, each wrapped in dry-run when ``safety.dry_run``."""
+    names = {s.actuators.backend, *(p.backend for p in s.actuators.pools)}
+    backends = {}
+    for n in names:
+        b = _backend(n, s)
+        backends[n] = DryRun(b) if s.safety.dry_run and n != "dryrun" else b
+    pools = [(p.nodes, p.backend) for p in s.actuators.pools]
+    return BackendRouter(backends, default=s.actuators.backend, pools=pools)
 
 
 def build_notifier(s: Settings):
@@ -283,8 +296,10 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     def actuation() -> Actuation:
         if state["actuation"] is None:
             a = s.actuators
+            router = build_router(s)
             state["actuation"] = Actuation(
-                backend=build_backend(s),
+                backend=router.default_backend,
+                router=router,
                 breaker=breaker,
                 fleet_size=fleet_size,
                 retry=RetryPolicy(max_attempts=a.max_attempts, base_delay=a.base_delay_s, max_delay=a.max_delay_s),

@@ -3,6 +3,7 @@
     fleetmedic worker      run the pipeline (Faust worker) against a Kafka broker
     fleetmedic simulate    run a simulated GPU cluster that streams telemetry and obeys actions
     fleetmedic demo        start Kafka, a worker and the simulator; print a live log and a JSON summary
+    fleetmedic watch-slurm publish a Slurm controller's job state changes on telemetry.job
     fleetmedic topics      create fleetmedic's topics on a broker
     fleetmedic schemas     write the JSON Schema files of every record
     fleetmedic config      print the effective configuration
@@ -179,6 +180,43 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok or not args.check else 1
 
 
+def cmd_watch_slurm(args: argparse.Namespace) -> int:
+    """Poll a Slurm controller and publish its job state changes on telemetry.job."""
+    s = _settings(args)
+    _logging(s.worker.log_level)
+    from aiokafka import AIOKafkaProducer
+
+    from actuators.slurm import SlurmBackend
+
+    from .slurm_watch import SlurmJobWatcher
+    from .topics import ensure_topics
+
+    async def main() -> None:
+        await ensure_topics(s)
+        backend = SlurmBackend(slurm_conf=args.slurm_conf or s.actuators.slurm_conf)
+        watcher = SlurmJobWatcher(backend)
+        producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap, acks="all")
+        await producer.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        topic = s.topic("telemetry.job")
+
+        async def emit(ev) -> None:
+            logging.getLogger("fleetmedic.slurm").info("%s %s attempt %d on %s", ev.job, ev.event.value,
+                                                       ev.attempt, ",".join(ev.nodes))
+            await producer.send_and_wait(topic, key=ev.job.encode(), value=ev.to_json())
+
+        try:
+            await watcher.run(emit, interval=args.interval, stop=stop)
+        finally:
+            await producer.stop()
+
+    asyncio.run(main())
+    return 0
+
+
 def cmd_topics(args: argparse.Namespace) -> int:
     s = _settings(args)
     from .topics import ensure_topics, topic_specs
@@ -241,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--keep-running", action="store_true", help="leave the broker running afterwards")
     sp.add_argument("--check", action="store_true", help="exit 1 when a hardware fault was missed or a healthy node isolated")
     sp.set_defaults(func=cmd_demo)
+
+    sp = sub.add_parser("watch-slurm", help="publish a Slurm controller's job state changes on telemetry.job")
+    sp.add_argument("--slurm-conf", help="path of slurm.conf (default: actuators.slurm_conf or $SLURM_CONF)")
+    sp.add_argument("--interval", type=float, default=2.0, help="seconds between polls (default 2)")
+    sp.set_defaults(func=cmd_watch_slurm)
 
     sp = sub.add_parser("topics", help="create fleetmedic's topics (idempotent)")
     sp.set_defaults(func=cmd_topics)

@@ -80,8 +80,25 @@ class SafetySettings(_Section):
     dry_run: bool = Field(False, description="decide and record, but never act")
 
 
+BackendName = Literal["sim", "kubernetes", "slurm", "dryrun"]
+
+
+class PoolSettings(_Section):
+    """A node pool and the scheduler backend that acts on it."""
+
+    name: str = Field(min_length=1)
+    nodes: list[str] = Field(min_length=1, description="node name patterns (shell globs, e.g. 'gpu-a*')")
+    backend: BackendName
+
+
 class ActuatorSettings(_Section):
-    backend: Literal["sim", "kubernetes", "dryrun"] = "sim"
+    backend: BackendName = Field("sim", description="default backend for nodes in no pool and jobs of unknown scheduler")
+    pools: list[PoolSettings] = Field(
+        default_factory=list,
+        description="node pools mapped to backends; job actions go to the backend of the job's scheduler",
+    )
+    slurm_conf: str | None = Field(None, description="SLURM_CONF for scontrol/sbatch (default: the environment's)")
+    slurm_diag_command: str = Field("dcgmi diag -r 2", description="command of Slurm diagnostics jobs")
     sim_url: str = Field("http://127.0.0.1:7070", description="simulated cluster API")
     kubeconfig: str | None = None
     kube_context: str | None = None

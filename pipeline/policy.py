@@ -202,6 +202,14 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings) -> Dec
     node = n.node
     if n.kind == "placed":
         h["job"] = n.job
+        if h["state"] in OUT_OF_POOL and h.get("incident"):
+            # The fault was seen before the placement was known here (the two arrive on
+            # different topics): tell the job now, so it is not blamed on its code.
+            fc = FaultClass(h.get("fault_class") or FaultClass.unknown.value)
+            return Decision(job_notices=[JobNotice(
+                ts=n.ts, job=n.job, node=node, kind="node_fault", fault_class=fc, incident=h["incident"],
+                evidence={"state": h["state"], "since": h["since"]},
+            )])
         return Decision()
     if n.kind == "released":
         if h.get("job") == n.job:
@@ -299,7 +307,7 @@ def _job_verdict(
     evidence: dict[str, Any], params: dict[str, Any] | None = None,
 ) -> Verdict:
     job = hist["job"]
-    p = {"attempt": hist["attempt"], **(params or {})}
+    p = {"attempt": hist["attempt"], "scheduler": hist.get("scheduler", "sim"), **(params or {})}
     return _verdict(
         ts=ts, incident=incident, scope="job", subject=job, fault_class=fc, confidence=confidence,
         actions=[(action, job, p)], evidence=evidence, job=job, nodes=list(hist["nodes"]),

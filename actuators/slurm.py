@@ -1,0 +1,337 @@
+"""Slurm backend: drain, resume, requeue with exclusions, diagnostics, through ``scontrol``.
+
+Every operation observes the controller first (``scontrol show node|job -o``), compares
+with what the action wants, and acts only if needed; "already so" is success.  Errors
+from the commands are typed: an unreachable or busy controller is temporary (retried by
+:mod:`actuators.retry`), an unknown node or job is permanent.
+
+Node names are Slurm node names; job targets are Slurm job ids, bare (``"42"``) or with
+the ``slurm-`` prefix used on ``telemetry.job`` (``"slurm-42"``).  A drain reason always
+names the verdict: ``fleetmedic <verdict id>: <reason>``; ``return`` resumes only nodes
+whose reason is ours, so a node drained by a person stays drained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from schemas import ActionName, Outcome
+
+from .base import ActionRequest, ActionResult, PermanentError, TemporaryError
+
+log = logging.getLogger(__name__)
+
+REASON_PREFIX = "fleetmedic"
+JOB_PREFIX = "slurm-"
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+TEMPORARY_MARKERS = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "resource temporarily unavailable",
+    "slurm_receive_msg",
+    "connection refused",
+    "communication connection failure",
+    "try again",
+    "slurmctld is busy",
+    "job is pending execution",
+)
+PERMANENT_MARKERS = ("invalid node name", "invalid job id", "access/permission denied", "invalid user")
+TERMINAL_JOB_STATES = frozenset(
+    {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+)
+
+
+def parse_oneliner(line: str) -> dict[str, str]:
+    """Parse one ``scontrol show ... -o`` line (``Key=Value Key2=Value with spaces``)."""
+    out: dict[str, str] = {}
+    matches = list(_FIELD.finditer(line))
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        out[m.group(1)] = line[m.end() : end].strip()
+    return out
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Expand a Slurm hostlist (``n[1-3,5],gpu7``) into names."""
+    names: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", expr or ""):
+        m = re.fullmatch(r"(.*)\[([^\]]*)\](.*)", part)
+        if not m:
+            if part and part != "(null)":
+                names.append(part)
+            continue
+        pre, ranges, post = m.groups()
+        for r in ranges.split(","):
+            if "-" in r:
+                a, b = r.split("-", 1)
+                width = len(a)
+                names.extend(f"{pre}{i:0{width}d}{post}" for i in range(int(a), int(b) + 1))
+            else:
+                names.append(f"{pre}{r}{post}")
+    return names
+
+
+def job_id(target: str) -> str:
+    jid = target[len(JOB_PREFIX) :] if target.startswith(JOB_PREFIX) else target
+    if not jid.isdigit():
+        raise PermanentError(f"not a Slurm job id: {target!r}")
+    return jid
+
+
+@dataclass
+class CommandResult:
+    rc: int
+    out: str
+    err: str
+
+
+class SlurmBackend:
+    """Acts on a Slurm cluster through its command-line tools."""
+
+    name = "slurm"
+
+    def __init__(
+        self,
+        *,
+        slurm_conf: str | None = None,
+        bin_dir: str | None = None,
+        timeout_s: float = 20.0,
+        diag_command: str = "dcgmi diag -r 2",
+        diag_time_limit: str = "30:00",
+        reservation_hours: int = 2,
+        diag_start_polls: int = 30,
+    ) -> None:
+        self.env = dict(os.environ)
+        if slurm_conf:
+            self.env["SLURM_CONF"] = slurm_conf
+        self.bin_dir = bin_dir
+        self.timeout_s = timeout_s
+        self.diag_command = diag_command
+        self.diag_time_limit = diag_time_limit
+        self.reservation_hours = reservation_hours
+        self.diag_start_polls = diag_start_polls
+
+    def supports(self, action: ActionName) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
+
+    # ------------------------------------------------------------------ commands
+
+    def _bin(self, name: str) -> str:
+        return os.path.join(self.bin_dir, name) if self.bin_dir else name
+
+    async def run(self, *argv: str, check: bool = True) -> CommandResult:
+        cmd = [self._bin(argv[0]), *argv[1:]]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=self.env,
+            )
+        except FileNotFoundError as exc:
+            raise PermanentError(f"{cmd[0]} not found: is Slurm installed?") from exc
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise TemporaryError(f"{shlex.join(cmd)} timed out after {self.timeout_s:.0f}s") from None
+        res = CommandResult(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
+        if check and res.rc != 0:
+            raise self._error(cmd, res)
+        return res
+
+    @staticmethod
+    def _error(cmd: Sequence[str], res: CommandResult) -> Exception:
+        text = (res.err or res.out).strip()
+        low = text.lower()
+        msg = f"{shlex.join(cmd)} failed ({res.rc}): {text[:500]}"
+        if any(m in low for m in PERMANENT_MARKERS):
+            return PermanentError(msg)
+        if any(m in low for m in TEMPORARY_MARKERS):
+            return TemporaryError(msg)
+        return TemporaryError(msg) if res.rc in (-9, -15) else PermanentError(msg)
+
+    async def show_node(self, node: str) -> dict[str, str]:
+        res = await self.run("scontrol", "show", "node", node, "-o")
+        line = res.out.strip().splitlines()[0] if res.out.strip() else ""
+        info = parse_oneliner(line)
+        if info.get("NodeName") != node:
+            raise PermanentError(f"no Slurm node {node!r}")
+        return info
+
+    async def show_job(self, jid: str) -> dict[str, str]:
+        res = await self.run("scontrol", "show", "job", jid, "-o")
+        lines = [ln for ln in res.out.strip().splitlines() if ln.strip()]
+        if not lines:
+            raise PermanentError(f"no Slurm job {jid}")
+        return parse_oneliner(lines[0])
+
+    # ------------------------------------------------------------------ dispatch
+
+    async def apply(self, request: ActionRequest) -> ActionResult:
+        a = request.action
+        if a in (ActionName.isolate, ActionName.drain, ActionName.escalate):
+            return await self._drain(request)
+        if a is ActionName.return_:
+            return await self._resume(request)
+        if a is ActionName.diagnose:
+            return await self._diagnose(request)
+        if a in (ActionName.retry, ActionName.restart, ActionName.requeue):
+            return await self._requeue(request)
+        if a is ActionName.stop:
+            return await self._cancel(request)
+        raise PermanentError(f"slurm backend cannot {a.value}")
+
+    # ------------------------------------------------------------------ nodes
+
+    @staticmethod
+    def _states(info: dict[str, str]) -> set[str]:
+        return set(info.get("State", "").upper().replace("*", "").split("+"))
+
+    def _reason(self, req: ActionRequest) -> str:
+        what = "escalated: " if req.action is ActionName.escalate else ""
+        return f"{REASON_PREFIX} {req.verdict_id}: {what}{req.reason or req.action.value}"[:200]
+
+    async def _drain(self, req: ActionRequest) -> ActionResult:
+        """isolate / drain / escalate: the node takes no new jobs, with a reason naming the verdict."""
+        info = await self.show_node(req.target)
+        states = self._states(info)
+        reason = info.get("Reason", "")
+        drained = bool(states & {"DRAIN", "DRAINED", "DRAINING"})
+        if drained and (req.verdict_id in reason or req.action is not ActionName.escalate):
+            return ActionResult(Outcome.already_so, f"{req.target} already drained: {reason}")
+        await self.run("scontrol", "update", f"NodeName={req.target}", "State=DRAIN", f"Reason={self._reason(req)}")
+        await self._delete_reservation(req.target)
+        return ActionResult(Outcome.applied, f"drained {req.target}: {self._reason(req)}")
+
+    async def _resume(self, req: ActionRequest) -> ActionResult:
+        """return: resume a node fleetmedic drained; leave a person's drain alone."""
+        info = await self.show_node(req.target)
+        states = self._states(info)
+        reason = info.get("Reason", "")
+        await self._delete_reservation(req.target)
+        if not states & {"DRAIN", "DRAINED", "DRAINING", "DOWN"}:
+            return ActionResult(Outcome.already_so, f"{req.target} is in service ({info.get('State')})")
+        if reason and not reason.startswith(REASON_PREFIX):
+            return ActionResult(Outcome.already_so, f"{req.target} was drained by someone else ({reason}); left drained")
+        await self.run("scontrol", "update", f"NodeName={req.target}", "State=RESUME")
+        return ActionResult(Outcome.applied, f"resumed {req.target}")
+
+    @staticmethod
+    def reservation_name(node: str) -> str:
+        return f"fleetmedic-diag-{node}"
+
+    async def _delete_reservation(self, node: str) -> None:
+        res = await self.run("scontrol", "delete", f"ReservationName={self.reservation_name(node)}", check=False)
+        if res.rc != 0 and "not found" not in (res.err + res.out).lower() and "invalid" not in (res.err + res.out).lower():
+            log.warning("could not delete reservation for %s: %s", node, res.err.strip())
+
+    async def _diagnose(self, req: ActionRequest) -> ActionResult:
+        """Run a diagnostics job on the node, alone, inside a maintenance reservation.
+
+        The node is moved from DRAIN into a MAINT reservation that only fleetmedic's
+        diagnostics job may use, so no user job lands on it meanwhile.  The job's outcome
+        comes back through the Slurm job watcher (``diagnostics_for``).
+        """
+        node = req.target
+        name = f"fleetmedic-diag-{node}-{req.verdict_id[:8]}"
+        res = await self.run("squeue", "-h", "-t", "all", "-n", name, "-o", "%i %T", check=False)
+        if res.rc == 0 and res.out.strip():
+            return ActionResult(Outcome.already_so, f"diagnostics job already queued: {res.out.strip()}")
+        resv = self.reservation_name(node)
+        show = await self.run("scontrol", "show", "reservation", resv, check=False)
+        if show.rc != 0 or resv not in show.out:
+            await self.run(
+                "scontrol", "create", "reservation", f"ReservationName={resv}", f"Nodes={node}",
+                "StartTime=now", f"Duration={self.reservation_hours * 60}", "Users=root",
+                "Flags=MAINT,IGNORE_JOBS",
+            )
+        info = await self.show_node(node)
+        if self._states(info) & {"DRAIN", "DRAINED", "DRAINING"}:
+            await self.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+        out = await self.run(
+            "sbatch", "--parsable", f"--job-name={name}", f"--reservation={resv}", f"--nodelist={node}",
+            "--nodes=1", "--exclusive", f"--time={self.diag_time_limit}", f"--comment=diagnostics_for={node}",
+            "--no-requeue", "--output=/dev/null", f"--wrap={self.diag_command}",
+        )
+        diag = out.out.strip().split(";")[0]
+        # Once the diagnostics job runs, drain the node again: the running job carries on,
+        # and the node stays out of the pool (and shows as drained) until it is returned.
+        started = False
+        for _ in range(self.diag_start_polls):
+            info = await self.show_job(diag)
+            if info.get("JobState") != "PENDING":
+                started = True
+                break
+            await asyncio.sleep(0.5)
+        reason = f"{REASON_PREFIX} {req.verdict_id}: diagnostics (job {diag})"
+        if started:
+            await self.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+            return ActionResult(Outcome.applied, f"diagnostics job {diag} running on {node}; node drained meanwhile")
+        return ActionResult(Outcome.applied, f"diagnostics job {diag} queued on {node} in maintenance reservation {resv}")
+
+    # ------------------------------------------------------------------ jobs
+
+    @staticmethod
+    def attempt_of(info: dict[str, str]) -> int:
+        try:
+            return int(info.get("Restarts", "0")) + 1
+        except ValueError:
+            return 1
+
+    async def _requeue(self, req: ActionRequest) -> ActionResult:
+        """retry / restart / requeue: back to the queue, excluding the named nodes."""
+        jid = job_id(req.target)
+        info = await self.show_job(jid)
+        attempt = req.params.get("attempt")
+        if attempt is not None and self.attempt_of(info) > int(attempt):
+            return ActionResult(Outcome.already_so, f"job {jid} is already on attempt {self.attempt_of(info)}")
+        state = info.get("JobState", "")
+        if state in ("CANCELLED", "COMPLETED") and req.action is not ActionName.requeue:
+            return ActionResult(Outcome.already_so, f"job {jid} is {state}")
+        exclude = sorted(set(req.params.get("exclude") or []))
+        if not exclude:
+            await self.run("scontrol", "requeue", jid)
+            await self._eligible_now(jid)
+            return ActionResult(Outcome.applied, f"requeued job {jid}")
+        current = set(expand_hostlist(info.get("ExcNodeList", "")))
+        await self.run("scontrol", "requeuehold", jid)
+        await self.run("scontrol", "update", f"JobId={jid}", f"ExcNodeList={','.join(sorted(current | set(exclude)))}")
+        await self.run("scontrol", "release", jid)
+        await self._eligible_now(jid)
+        return ActionResult(Outcome.applied, f"requeued job {jid} excluding {','.join(exclude)}")
+
+    async def _eligible_now(self, jid: str, tries: int = 10) -> None:
+        """A requeued job is only eligible again after a delay; make it eligible now.
+
+        The update is taken only once the requeue has been processed, so it is repeated
+        until the job's eligible time is no longer in the future.
+        """
+        for _ in range(tries):
+            await asyncio.sleep(0.3)
+            info = await self.show_job(jid)
+            if info.get("JobState") != "PENDING":
+                return
+            if info.get("Reason") != "BeginTime":
+                return
+            await self.run("scontrol", "update", f"JobId={jid}", "StartTime=now", check=False)
+        log.warning("job %s still waits for its begin time after requeue", jid)
+
+    async def _cancel(self, req: ActionRequest) -> ActionResult:
+        """stop: cancel the job and keep it from being requeued."""
+        jid = job_id(req.target)
+        info = await self.show_job(jid)
+        state = info.get("JobState", "")
+        if state in TERMINAL_JOB_STATES:
+            # ended already: stopping means fleetmedic will not requeue it again
+            return ActionResult(Outcome.already_so, f"job {jid} has ended ({state}); it stays stopped")
+        await self.run("scancel", jid)
+        return ActionResult(Outcome.applied, f"cancelled job {jid} (was {state})")

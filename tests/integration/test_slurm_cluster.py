@@ -1,0 +1,180 @@
+"""The local Slurm cluster of deploy/slurm.sh does what fleetmedic's Slurm backend needs.
+
+Against a real slurmctld and one slurmd per node (n1..n4 on 127.0.0.1): the controller
+answers, every node is idle, a 2-node batch job runs to COMPLETED, a drain with a reason
+shows in ``sinfo -R`` and resume brings the node back, and a running job that is
+requeued runs again, also after ``requeuehold`` + ``ExcNodeList`` + ``release``.
+Also pins what the build offers for machine-readable output (``squeue/sinfo --json``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+USABLE = {"idle", "mix", "alloc"}
+
+
+def sh(conf: str, *argv: str, check: bool = True, cwd: Path | None = None) -> str:
+    res = subprocess.run(
+        argv,
+        env={**os.environ, "SLURM_CONF": conf},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=cwd,
+    )
+    if check and res.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} failed (rc={res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return res.stdout
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60, every: float = 0.3) -> T:
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def job(conf: str, jid: str) -> dict[str, str]:
+    line = sh(conf, "scontrol", "show", "job", jid, "-o").strip()
+    return dict(re.findall(r"(\w[\w:/]*)=(\S*)", line))
+
+
+def hostnames(conf: str, hostlist: str) -> list[str]:
+    if not hostlist or hostlist == "(null)":
+        return []
+    return sh(conf, "scontrol", "show", "hostnames", hostlist).split()
+
+
+def node_states(conf: str) -> dict[str, str]:
+    out = sh(conf, "sinfo", "-h", "-N", "-o", "%N %t")
+    return dict(line.split() for line in out.strip().splitlines())
+
+
+def nodes(conf: str) -> list[str]:
+    return sorted(node_states(conf), key=lambda n: (len(n), n))
+
+
+def all_idle(conf: str) -> dict[str, str] | None:
+    states = node_states(conf)
+    return states if states and set(states.values()) == {"idle"} else None
+
+
+def sbatch(conf: str, cwd: Path, *args: str) -> str:
+    return sh(conf, "sbatch", "--parsable", *args, cwd=cwd).strip().split(";")[0]
+
+
+def state_is(conf: str, jid: str, *states: str) -> dict[str, str] | None:
+    info = job(conf, jid)
+    return info if info.get("JobState") in states else None
+
+
+def test_controller_answers_ping(slurm_conf: str) -> None:
+    out = sh(slurm_conf, "scontrol", "ping")
+    assert "is UP" in out, out
+    assert Path(slurm_conf).is_file()
+    assert "ClusterName=fleetmedic" in Path(slurm_conf).read_text()
+
+
+def test_all_nodes_are_idle_and_have_gpus(slurm_conf: str) -> None:
+    states = wait_for("every node idle", lambda: all_idle(slurm_conf), timeout=30)
+    assert len(states) >= 3, f"need several nodes, got {states}"
+    assert set(nodes(slurm_conf)) >= {"n1", "n2", "n3"}
+    gres = sh(slurm_conf, "sinfo", "-h", "-N", "-o", "%N %G").split("\n")
+    assert all("gpu:" in line for line in gres if line), gres
+
+
+def test_two_node_batch_job_runs_to_completed(slurm_conf: str, tmp_path: Path) -> None:
+    out = tmp_path / "job.out"
+    jid = sbatch(
+        slurm_conf, tmp_path, "-N", "2", "--gres=gpu:2", f"--output={out}",
+        "--wrap", 'echo "nodes=$SLURM_JOB_NODELIST gpus=$CUDA_VISIBLE_DEVICES"; srun -l printenv SLURMD_NODENAME',
+    )
+    info = wait_for("job to complete", lambda: state_is(slurm_conf, jid, "COMPLETED", "FAILED", "CANCELLED"))
+    assert info["JobState"] == "COMPLETED", info
+    assert info["ExitCode"] == "0:0", info
+    ran_on = hostnames(slurm_conf, info["NodeList"])
+    assert len(ran_on) == 2, info
+    text = out.read_text()
+    assert "gpus=0,1" in text, text
+    # one task per node, each reporting the node it ran on
+    assert sorted(line.split(": ", 1)[1] for line in text.splitlines() if ": " in line) == sorted(ran_on), text
+
+    # squeue --json (openapi/v0.0.38 in 22.05) lists finished jobs until MinJobAge;
+    # its filters (-j, -t) are ignored, so callers filter themselves.
+    data = json.loads(sh(slurm_conf, "squeue", "--json"))
+    mine = [j for j in data["jobs"] if str(j["job_id"]) == jid]
+    assert mine and mine[0]["job_state"] == "COMPLETED", mine
+    assert hostnames(slurm_conf, mine[0]["nodes"]) == ran_on
+    info_nodes = json.loads(sh(slurm_conf, "sinfo", "--json"))["nodes"]
+    assert {n["name"] for n in info_nodes} >= set(ran_on)
+
+
+def test_drain_with_reason_shows_in_sinfo_and_resume_brings_node_back(slurm_conf: str) -> None:
+    node = nodes(slurm_conf)[1]
+    reason = f"fleetmedic test xid 79 {uuid.uuid4().hex[:8]}"
+    wait_for(f"{node} idle", lambda: node_states(slurm_conf)[node] == "idle", timeout=30)
+    try:
+        sh(slurm_conf, "scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+        reasons = sh(slurm_conf, "sinfo", "-R", "-h", "-o", "%N|%E")
+        assert f"{node}|{reason}" in reasons.splitlines(), reasons
+        assert node_states(slurm_conf)[node] in ("drain", "drng"), node_states(slurm_conf)
+        shown = json.loads(sh(slurm_conf, "sinfo", "--json"))["nodes"]
+        entry = next(n for n in shown if n["name"] == node)
+        assert entry["reason"] == reason and "DRAIN" in entry["state_flags"], entry
+    finally:
+        sh(slurm_conf, "scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+    # resume first marks the node not-responding (idle*) until the next ping answers
+    wait_for(f"{node} idle again", lambda: node_states(slurm_conf)[node] == "idle", timeout=30)
+    assert node not in sh(slurm_conf, "sinfo", "-R", "-h", "-o", "%N")
+
+
+def test_requeued_job_runs_again_and_can_exclude_a_node_while_held(slurm_conf: str, tmp_path: Path) -> None:
+    jid = sbatch(slurm_conf, tmp_path, "-N", "2", "--requeue", "--output=/dev/null", "--wrap", "sleep 300")
+    try:
+        first = wait_for("job to run", lambda: state_is(slurm_conf, jid, "RUNNING"))
+        first_nodes = hostnames(slurm_conf, first["NodeList"])
+        assert len(first_nodes) == 2
+
+        # plain requeue: back to PENDING (held off for cred_expire+1 s), then RUNNING again
+        sh(slurm_conf, "scontrol", "requeue", jid)
+        pending = wait_for("requeued job to pend", lambda: state_is(slurm_conf, jid, "PENDING"), timeout=30)
+        assert pending["Restarts"] == "1", pending
+        second = wait_for("requeued job to run again", lambda: state_is(slurm_conf, jid, "RUNNING"), timeout=90)
+        bad = hostnames(slurm_conf, second["NodeList"])[0]
+
+        # requeue in held state, exclude a node while pending, release
+        sh(slurm_conf, "scontrol", "requeuehold", jid)
+        held = wait_for("job to be held", lambda: state_is(slurm_conf, jid, "PENDING"), timeout=30)
+        assert held["Restarts"] == "2", held
+        assert "held" in held["Reason"].lower() or held["Reason"] == "JobHeldAdmin", held
+        time.sleep(2)
+        assert job(slurm_conf, jid)["JobState"] == "PENDING", "held job must not start"
+        sh(slurm_conf, "scontrol", "update", f"JobId={jid}", f"ExcNodeList={bad}")
+        assert job(slurm_conf, jid)["ExcNodeList"] == bad
+        sh(slurm_conf, "scontrol", "release", jid)
+        third = wait_for("released job to run", lambda: state_is(slurm_conf, jid, "RUNNING"), timeout=90)
+        third_nodes = hostnames(slurm_conf, third["NodeList"])
+        assert len(third_nodes) == 2 and bad not in third_nodes, third
+        assert third["ExcNodeList"] == bad, third
+    finally:
+        sh(slurm_conf, "scancel", jid, check=False)
+    wait_for("job to leave the nodes", lambda: state_is(slurm_conf, jid, "CANCELLED"), timeout=30)
