@@ -5,7 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export FLEETMEDIC_STATE=${FLEETMEDIC_TEST_STATE:-${TMPDIR:-/tmp}/fleetmedic-test-$$}
-cleanup() { bash deploy/kafka.sh stop >/dev/null 2>&1 || true; rm -rf "$FLEETMEDIC_STATE"; }
+cleanup() {
+  bash deploy/slurm.sh stop >/dev/null 2>&1 || true
+  bash deploy/kafka.sh stop >/dev/null 2>&1 || true
+  rm -rf "$FLEETMEDIC_STATE"
+}
 trap cleanup EXIT
 echo "== layer contracts"
 .venv/bin/lint-imports
@@ -13,6 +17,10 @@ echo "== starting Kafka"
 FLEETMEDIC_BOOTSTRAP=$(bash deploy/kafka.sh start | tail -n1)
 export FLEETMEDIC_BOOTSTRAP
 echo "Kafka at $FLEETMEDIC_BOOTSTRAP"
+echo "== starting Slurm (slurmctld + 4 slurmd on loopback; installs slurm-wlm and munge if missing)"
+FLEETMEDIC_SLURM_CONF=$(bash deploy/slurm.sh start | tail -n1 | sed 's/^SLURM_CONF=//')
+export FLEETMEDIC_SLURM_CONF
+echo "Slurm config $FLEETMEDIC_SLURM_CONF"
 echo "== tests"
 set +e
 "$PY" -m pytest tests -q -p no:cacheprovider "$@"
