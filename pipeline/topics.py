@@ -18,6 +18,28 @@ class TopicSpec:
     compacted: bool = False
 
 
+#: The worker's Faust tables and the partitions setting each is co-partitioned with.
+TABLES = {
+    "node_to_health": "partitions",
+    "job_to_history": "partitions",
+    "action_to_outcome": "decision_partitions",
+    "breaker_state": "decision_partitions",
+}
+
+
+def changelog_specs(s: Settings) -> dict[str, TopicSpec]:
+    """The tables' changelog topics, named as Faust names them (``<app id>-<table>-changelog``).
+
+    They are created up front with the partitions of their source topics: left to the
+    broker's auto-creation (its default partition count) a table's first write could
+    create a changelog that no longer matches its source topic.
+    """
+    return {
+        f"changelog.{t}": TopicSpec(f"{s.kafka.app_id}-{t}-changelog", getattr(s.kafka, attr), compacted=True)
+        for t, attr in TABLES.items()
+    }
+
+
 def topic_specs(s: Settings) -> dict[str, TopicSpec]:
     """Every topic fleetmedic reads or writes, by its short name."""
     p, d = s.kafka.partitions, s.kafka.decision_partitions
@@ -42,7 +64,7 @@ async def ensure_topics(s: Settings, *, timeout: float = 60.0) -> list[str]:
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
 
-    specs = topic_specs(s)
+    specs = {**topic_specs(s), **changelog_specs(s)}
     admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka.bootstrap, request_timeout_ms=int(timeout * 1000))
     deadline = asyncio.get_running_loop().time() + timeout
     delay = 0.5
@@ -59,7 +81,8 @@ async def ensure_topics(s: Settings, *, timeout: float = 60.0) -> list[str]:
     try:
         existing = set(await admin.list_topics())
         new = [
-            NewTopic(name=t.name, num_partitions=t.partitions, replication_factor=s.kafka.replication)
+            NewTopic(name=t.name, num_partitions=t.partitions, replication_factor=s.kafka.replication,
+                     topic_configs={"cleanup.policy": "compact"} if t.compacted else {})
             for t in specs.values()
             if t.name not in existing
         ]
