@@ -6,11 +6,12 @@ PY := $(VENV)/bin/python
 ARGS ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit integration lint schemas kafka-start kafka-stop clean help
+.PHONY: demo test bench unit integration lint schemas kafka-start kafka-stop clean help
 
 help:
 	@echo "make demo   - install, start the embedded Kafka, a worker and the simulated cluster (ARGS=\"--duration 120 --seed 1\")"
 	@echo "make test   - install, start Kafka, run unit + integration tests, stop Kafka"
+	@echo "make bench  - throughput/latency/scale-out/memory of a 10,000-node fleet (ARGS=--quick for a smoke run)"
 	@echo "make lint   - layer contracts (import-linter)"
 
 $(STAMP): pyproject.toml
@@ -26,6 +27,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	@bash tests/run.sh
+
+bench: $(STAMP)
+	@$(PY) -m pipeline bench $(ARGS)
 
 unit: $(STAMP)
 	@$(PY) -m pytest tests/unit -q

@@ -222,14 +222,19 @@ class RateChangeDetector(Detector):
         e_rec = (~np.isnan(rec)).sum(axis=1)
         k_base = np.nansum(base, axis=1)
         k_rec = np.nansum(rec, axis=1)
+        return self._test(k_base, k_rec, e_base, e_rec, c.shape[1])
+
+    def _test(self, k_base, k_rec, e_base, e_rec, window: int) -> dict[str, np.ndarray]:
         total = k_base + k_rec
         active = (e_base >= self.recent) & (e_rec >= 1) & (total >= self.min_events) & (k_rec >= 1)
-        p = np.ones(total.shape)
+        p = np.ones(np.shape(total))
         if active.any():
-            q = e_rec[active] / (e_base[active] + e_rec[active])
+            e_b = np.broadcast_to(e_base, p.shape)[active]
+            e_r = np.broadcast_to(e_rec, p.shape)[active]
+            q = e_r / (e_b + e_r)
             p[active] = stats.binom.sf(np.rint(k_rec[active]) - 1, np.rint(total[active]), q)
-        return {"p": p, "e_base": e_base, "e_rec": e_rec, "k_base": k_base, "k_rec": k_rec,
-                "window": np.int64(c.shape[1])}
+        return {"p": p, "e_base": np.broadcast_to(e_base, p.shape), "e_rec": np.broadcast_to(e_rec, p.shape),
+                "k_base": k_base, "k_rec": k_rec, "window": np.int64(window)}
 
     @staticmethod
     def _to_score(p: np.ndarray) -> np.ndarray:
@@ -249,13 +254,33 @@ class RateChangeDetector(Detector):
         """
         return self._to_score(self._stats(counts)["p"])
 
+    def detect_sums(self, k_base: np.ndarray, k_rec: np.ndarray, e_base: int, e_rec: int) -> list[Finding]:
+        """The same findings as :meth:`detect`, from window sums kept elsewhere.
+
+        For callers that keep running sums instead of whole windows (the streaming
+        hot path): ``k_base`` and ``k_rec`` are ``(n, g)`` event counts in the
+        baseline and recent parts of a full window of ``e_base + e_rec`` intervals.
+        """
+        kb = as_array("k_base", k_base, 2, "(n, g)", "f").astype(np.float64, copy=False)
+        kr = as_array("k_rec", k_rec, 2, "(n, g)", "f").astype(np.float64, copy=False)
+        check_same_shape(("k_base", "k_rec"), (kb, kr))
+        if (kb < 0).any() or (kr < 0).any():
+            raise ValueError("k_base and k_rec must be non-negative event counts")
+        eb = check_int("e_base", int(e_base), minimum=0)
+        er = check_int("e_rec", int(e_rec), minimum=0)
+        if not ((kr >= 1) & (kb + kr >= self.min_events)).any():
+            return []  # nothing can be significant: skip the test
+        return self._findings(self._test(kb, kr, np.int64(eb), np.int64(er), eb + er))
+
     def detect(self, counts: np.ndarray) -> list[Finding]:
         """Findings for GPUs with ``p < alpha`` (see :meth:`score` for shapes).
 
         Evidence rates are events per interval; ``rate_ratio`` floors the
         baseline at half an event so a quiet baseline gives a finite ratio.
         """
-        s = self._stats(counts)
+        return self._findings(self._stats(counts))
+
+    def _findings(self, s: dict[str, np.ndarray]) -> list[Finding]:
         p = s["p"]
         score = self._to_score(p)
         findings = []
@@ -342,6 +367,26 @@ class ThrottleDetector(Detector):
         """
         th, _ = self._inputs(thermal, temp)
         return self._fraction(th)
+
+    def detect_counts(self, throttled: np.ndarray, samples: int, max_temp: np.ndarray | None = None) -> list[Finding]:
+        """The same findings as :meth:`detect`, from counts kept elsewhere.
+
+        ``throttled``: ``(n, g)`` samples with thermal throttling among the last
+        ``samples`` (at most ``window``); ``max_temp``: ``(n, g)`` or None.
+        """
+        th = as_array("throttled", throttled, 2, "(n, g)", "f").astype(np.float64, copy=False)
+        samples = check_int("samples", int(samples), minimum=0)
+        if samples < self.warmup or not (th >= self.min_fraction * samples).any():
+            return []
+        frac = th / samples
+        findings = []
+        for i, j in zip(*np.nonzero(frac >= self.min_fraction), strict=True):
+            mt = None if max_temp is None or not np.isfinite(max_temp[i, j]) else float(max_temp[i, j])
+            findings.append(Finding(
+                kind="thermal_throttle", fault_class="node_degrading", severity="warning", score=frac[i, j],
+                index=i, gpu=j, evidence={"fraction": float(frac[i, j]), "samples": samples, "max_temp": mt},
+            ))
+        return findings
 
     def detect(self, thermal: np.ndarray, temp: np.ndarray) -> list[Finding]:
         """Findings for GPUs throttled in at least ``min_fraction`` of the window."""

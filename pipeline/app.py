@@ -148,7 +148,8 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     breaker = CircuitBreaker(max_fraction=s.safety.max_fraction, max_absolute=s.safety.max_absolute,
                              window_s=s.safety.window_s)
     seen_nodes: set[str] = set()
-    stats: dict[str, int] = {"deadletters": 0, "anomalies": 0, "verdicts": 0, "actions": 0}
+    stats: dict[str, Any] = {"records": 0, "telemetry": 0, "deadletters": 0, "anomalies": 0, "verdicts": 0,
+                             "actions": 0, "first_telemetry_at": 0.0, "last_telemetry_at": 0.0}
     app.fleetmedic_stats = stats  # type: ignore[attr-defined]
     pending_ticks: dict[str, float] = {}
     state: dict[str, Any] = {"actuation": None, "ticks_scanned": False}
@@ -171,6 +172,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             await send_dead(event, exc.reason)
             return None
         metrics.records.labels(event.message.topic, "ok").inc()
+        stats["records"] += 1
         return rec
 
     async def emit_anomalies(anomalies: list[Anomaly]) -> None:
@@ -205,6 +207,11 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                 if rec is not None:
                     samples.append(rec)
                     seen_nodes.add(rec.node)
+            stats["telemetry"] += len(events)
+            now = time.time()
+            if not stats["first_telemetry_at"]:
+                stats["first_telemetry_at"] = now
+            stats["last_telemetry_at"] = now
             try:
                 anomalies = detection.process(samples)
             except Exception as exc:  # a detector bug must not stop the stream
@@ -342,7 +349,8 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     @app.page("/fleetmedic/stats")
     async def stats_view(web: Any, request: Any) -> Any:
         return web.json({**stats, "nodes_seen": len(seen_nodes), "late_samples": gpu_detection.late + net_detection.late,
-                         "breaker_used": len(breaker.snapshot())})
+                         "breaker_used": len(breaker.snapshot()), "detector_state_bytes": gpu_detection.nbytes(),
+                         "rss_bytes": _rss_bytes()})
 
     @app.page("/metrics")
     async def metrics_view(web: Any, request: Any) -> Any:
@@ -350,6 +358,18 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     app.fleetmedic_agents = (detect_gpu, detect_network, track_nodes, track_jobs, actuate)  # type: ignore[attr-defined]
     return app
+
+
+def _rss_bytes() -> int:
+    """Resident memory of this process (Linux), 0 where unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 class _TableLedger:

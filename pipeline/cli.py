@@ -4,6 +4,7 @@
     fleetmedic simulate    run a simulated GPU cluster that streams telemetry and obeys actions
     fleetmedic demo        start Kafka, a worker and the simulator; print a live log and a JSON summary
     fleetmedic watch-slurm publish a Slurm controller's job state changes on telemetry.job
+    fleetmedic bench       throughput, latency, scale-out and memory against a baseline consumer
     fleetmedic topics      create fleetmedic's topics on a broker
     fleetmedic schemas     write the JSON Schema files of every record
     fleetmedic config      print the effective configuration
@@ -217,6 +218,35 @@ def cmd_watch_slurm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Throughput, latency, scale-out and memory against a baseline consumer."""
+    _logging("warning")
+    from .bench import run
+
+    env = dict(os.environ)
+    state = Path(os.environ.get("FLEETMEDIC_STATE", Path.home() / ".cache" / "fleetmedic" / "bench"))
+    env["FLEETMEDIC_STATE"] = str(state)
+    started = False
+    bootstrap = args.bootstrap
+    if not bootstrap:
+        print("fleetmedic bench: starting the embedded Kafka broker", file=sys.stderr)
+        bootstrap = _kafka("start", env)
+        started = True
+    if args.quick:
+        nodes, rounds, lat_s, faults = 300, 8, 6.0, 4
+    else:
+        nodes, rounds, lat_s, faults = args.nodes, args.rounds, args.latency_seconds, args.faults
+    logdir = state / "logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    try:
+        run(bootstrap=bootstrap, nodes=nodes, rounds=rounds, net_every=args.network_every, latency_seconds=lat_s,
+            faults=faults, two_workers=not args.one_worker, out=Path(args.out), logdir=logdir)
+    finally:
+        if started and not args.keep_running:
+            _kafka("stop", env)
+    return 0
+
+
 def cmd_topics(args: argparse.Namespace) -> int:
     s = _settings(args)
     from .topics import ensure_topics, topic_specs
@@ -284,6 +314,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--slurm-conf", help="path of slurm.conf (default: actuators.slurm_conf or $SLURM_CONF)")
     sp.add_argument("--interval", type=float, default=2.0, help="seconds between polls (default 2)")
     sp.set_defaults(func=cmd_watch_slurm)
+
+    sp = sub.add_parser("bench", help="measure throughput, latency, scale-out and memory (writes JSON)")
+    sp.add_argument("--nodes", type=int, default=10000, help="fleet size (default 10000 nodes x 8 GPUs)")
+    sp.add_argument("--rounds", type=int, default=20, help="samples per node in the backlog (default 20)")
+    sp.add_argument("--network-every", type=int, default=5, help="a network sample every N rounds (default 5)")
+    sp.add_argument("--latency-seconds", type=float, default=30.0, help="length of the latency run (default 30)")
+    sp.add_argument("--faults", type=int, default=25, help="faults injected in the latency run (default 25)")
+    sp.add_argument("--one-worker", action="store_true", help="skip the two-worker run")
+    sp.add_argument("--quick", action="store_true", help="a small, fast run (300 nodes) that checks the harness works")
+    sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "throughput.json"), help="JSON output path")
+    sp.add_argument("--keep-running", action="store_true", help="leave the broker running afterwards")
+    sp.set_defaults(func=cmd_bench)
 
     sp = sub.add_parser("topics", help="create fleetmedic's topics (idempotent)")
     sp.set_defaults(func=cmd_topics)

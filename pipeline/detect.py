@@ -53,22 +53,6 @@ class Ring:
         return out if last is None else out[-last:]
 
 
-@dataclass
-class GpuWindow:
-    width: int
-    ts: float = -1.0
-    prev: dict[str, np.ndarray] = field(default_factory=dict)
-    rings: dict[str, Ring] = field(default_factory=dict)
-    first_ts: float | None = None
-
-
-COUNTER_GROUPS: dict[str, tuple[str, ...]] = {
-    "ecc_sbe": ("ecc_sbe",),
-    "nvlink": ("nvlink_crc", "nvlink_replay", "nvlink_recovery"),
-    "pcie": ("pcie_replay",),
-}
-
-
 def _sev(s: str) -> Severity:
     return Severity(s)
 
@@ -109,8 +93,67 @@ def _anomaly(detector: str, node: str, f: Finding, ts: float, *, subject_type: s
     )
 
 
+RATE_COUNTERS = ("ecc_sbe", "nvlink", "pcie")
+
+
+class GpuFleetState:
+    """Detector state of every node of one GPU count, as arrays indexed by node.
+
+    Per node: the last cumulative counters, and rings of *running totals* of the
+    counter increments (``W + 1`` entries), so the sum of increments over any suffix of
+    the window is a difference of two ring entries.  Scoring a window costs O(GPUs),
+    not O(window x GPUs), and all nodes of a batch are scored in one call.
+    """
+
+    def __init__(self, gpus: int, window: int, recent: int, throttle_window: int, capacity: int = 64) -> None:
+        self.g, self.w, self.r, self.tw = gpus, window, recent, throttle_window
+        self.index: dict[str, int] = {}
+        self.names: list[str] = []
+        self._alloc(capacity)
+
+    def _alloc(self, cap: int) -> None:
+        g, w, tw, c = self.g, self.w, self.tw, len(RATE_COUNTERS)
+        old = getattr(self, "count", None)
+        n = 0 if old is None else len(self.names)
+        fields = {
+            "count": ((cap,), np.int64), "last_ts": ((cap,), np.float64),
+            "prev": ((cap, c + 1, g), np.float64),          # + ecc_dbe
+            # running totals wrap around in 32 bits: differences over a window stay exact
+            # as long as one window holds fewer than 2**31 events
+            "acc": ((cap, c, g), np.int64), "ring": ((cap, w + 1, c, g), np.int32),
+            "th_acc": ((cap, g), np.int64), "th_ring": ((cap, tw + 1, g), np.int16),
+            "temp": ((cap, tw, g), np.float16),
+        }
+        for name, (shape, dtype) in fields.items():
+            arr = np.zeros(shape, dtype=dtype)
+            if old is not None:
+                arr[:n] = getattr(self, name)[:n]
+            setattr(self, name, arr)
+        self.cap = cap
+
+    def node(self, name: str) -> int:
+        i = self.index.get(name)
+        if i is None:
+            i = len(self.names)
+            if i >= self.cap:
+                self._alloc(self.cap + max(64, self.cap // 4))
+            self.index[name] = i
+            self.names.append(name)
+            self.last_ts[i] = -np.inf
+        return i
+
+    def nbytes(self) -> int:
+        return sum(getattr(self, f).nbytes for f in ("count", "last_ts", "prev", "acc", "ring", "th_acc", "th_ring", "temp"))
+
+
 class GpuDetection:
-    """Runs the GPU detectors over batches of :class:`GpuSample`."""
+    """Runs the GPU detectors over batches of :class:`GpuSample`, vectorised over nodes.
+
+    A batch is processed in rounds: round *k* holds the *k*-th sample of every node in
+    the batch, so each round touches each node at most once and is one set of array
+    operations.  In steady state (one sample per node per batch) a batch is one round;
+    a backlog read in large batches gives the same findings, step by step.
+    """
 
     def __init__(self, cfg: DetectorSettings) -> None:
         self.cfg = cfg
@@ -124,123 +167,126 @@ class GpuDetection:
         }
         self.throttle_window = min(60, cfg.window)
         self.throttle = ThrottleDetector(window=self.throttle_window, min_fraction=cfg.throttle_fraction)
-        self.windows: dict[str, GpuWindow] = {}
+        self.fleets: dict[int, GpuFleetState] = {}
         self.cooldown = Cooldown(cfg.anomaly_cooldown_s)
         self.late = 0
-        self._pending: dict[tuple[int, str], list] = {}
-        self._snapped: set[tuple[str, str, float]] = set()
+        self._rank: dict[int, int] = {}
 
-    def _window(self, node: str, width: int) -> GpuWindow:
-        w = self.windows.get(node)
-        if w is None or w.width != width:
-            w = GpuWindow(width=width)
-            for name in COUNTER_GROUPS:
-                w.rings[name] = Ring(self.cfg.window, width)
-            w.rings["thermal"] = Ring(self.throttle_window, width, dtype=bool)
-            w.rings["temp"] = Ring(self.throttle_window, width)
-            self.windows[node] = w
-        return w
+    @property
+    def nodes(self) -> int:
+        return sum(len(f.names) for f in self.fleets.values())
+
+    def nbytes(self) -> int:
+        return sum(f.nbytes() for f in self.fleets.values())
+
+    def _fleet(self, g: int) -> GpuFleetState:
+        f = self.fleets.get(g)
+        if f is None:
+            f = self.fleets[g] = GpuFleetState(g, self.cfg.window, self.cfg.recent, self.throttle_window)
+        return f
 
     def process(self, samples: Sequence[GpuSample]) -> list[Anomaly]:
-        """Update windows with ``samples`` (any order of nodes) and return anomalies."""
+        """Update the state with ``samples`` (any order of nodes) and return anomalies."""
         out: list[Anomaly] = []
-        if not samples:
-            return out
-        accepted: list[GpuSample] = []
-        dbe_delta: list[np.ndarray] = []
-        touched: dict[str, GpuWindow] = {}
+        groups: dict[int, list[tuple[int, int, GpuSample]]] = {}
         for s in samples:
-            g = s.gpu_count
-            w = self._window(s.node, g)
-            if s.ts <= w.ts:
-                self.late += 1  # duplicate or out of order: the window already moved past it
-                continue
-            w.ts = s.ts
-            if w.first_ts is None:
-                w.first_ts = s.ts
-            cur = {
-                "ecc_sbe": np.asarray(s.ecc_sbe, dtype=np.float64),
-                "nvlink": np.asarray(s.nvlink_crc, dtype=np.float64)
-                + np.asarray(s.nvlink_replay, dtype=np.float64)
-                + np.asarray(s.nvlink_recovery, dtype=np.float64),
-                "pcie": np.asarray(s.pcie_replay, dtype=np.float64),
-                "ecc_dbe": np.asarray(s.ecc_dbe, dtype=np.float64),
-            }
-            for name, value in cur.items():
-                prev = w.prev.get(name)
-                # A counter that went down was reset (driver reload): count no increment.
-                inc = np.zeros(g) if prev is None else np.maximum(value - prev, 0.0)
-                w.prev[name] = value
-                if name == "ecc_dbe":
-                    dbe_delta.append(inc)
-                else:
-                    w.rings[name].push(inc)
-            w.rings["thermal"].push(thermal_mask(np.asarray(s.throttle, dtype=np.int64)))
-            w.rings["temp"].push(np.asarray(s.temp, dtype=np.float64))
-            accepted.append(s)
-            touched[s.node] = w
-            self._snapshot(s.node, w, last=False)
-
-        # hard faults, per sample, over the whole batch at once (grouped by GPU count)
-        by_width: dict[int, list[int]] = {}
-        for i, s in enumerate(accepted):
-            by_width.setdefault(s.gpu_count, []).append(i)
-        for width, rows in by_width.items():
-            dbe = np.stack([dbe_delta[i] for i in rows])
-            remap = np.array([accepted[i].remap_failure for i in rows], dtype=bool)
-            lost = np.array([accepted[i].lost for i in rows], dtype=bool)
-            for f in self.hard.detect(dbe, remap, lost):
-                s = accepted[rows[f.index]]
-                if self.cooldown.allow((s.node, f.gpu, f.kind), s.ts):
-                    out.append(_anomaly("gpu_hard", s.node, f, s.ts))
-        xid_rows = [(i, x.gpu, x.code) for i, s in enumerate(accepted) for x in s.xids]
-        if xid_rows:
-            arr = np.array(xid_rows, dtype=np.int64)
-            for f in self.xid.detect(arr[:, 2], arr[:, 0], arr[:, 1]):
-                s = accepted[f.index]
-                if self.cooldown.allow((s.node, f.gpu, f.kind, f.evidence.get("xid")), s.ts):
-                    out.append(_anomaly("xid", s.node, f, s.ts))
-
-        # windowed trends: every queued window of every node, scored at once
-        for node, w in touched.items():
-            self._snapshot(node, w, last=True)
-        out.extend(self._trends(touched))
+            f = self._fleet(s.gpu_count)
+            i = f.node(s.node)
+            groups.setdefault(s.gpu_count, []).append((i, 0, s))
+        for g, items in groups.items():
+            out.extend(self._process_fleet(self.fleets[g], items))
+        out.sort(key=lambda a: a.ts)
         return out
 
-    def _snapshot(self, node: str, w: GpuWindow, last: bool) -> None:
-        """Queue the node's current windows for scoring.
-
-        Every full window is scored at every accepted sample, so a backlog read in one
-        large batch gives the same findings, at the same event times, as the same samples
-        read one at a time.  (``last`` is kept for callers; scoring is per step.)
-        """
-        for name in (*self.rates, "thermal"):
-            ring = w.rings[name]
-            if not ring.full or (node, name, w.ts) in self._snapped:
+    def _process_fleet(self, f: GpuFleetState, items: list[tuple[int, int, GpuSample]]) -> list[Anomaly]:
+        # drop duplicates and out-of-order samples, in arrival order, and number the rest
+        # per node: the k-th accepted sample of a node in this batch goes to round k
+        last: dict[int, float] = {}
+        rounds: list[list[tuple[int, GpuSample]]] = []
+        for i, _, s in items:
+            prev = last.get(i, f.last_ts[i])
+            if s.ts <= prev:
+                self.late += 1
                 continue
-            self._snapped.add((node, name, w.ts))
-            data = (ring.ordered(), w.rings["temp"].ordered()) if name == "thermal" else ring.ordered()
-            self._pending.setdefault((w.width, name), []).append((node, w.ts, data))
-
-    def _trends(self, touched: dict[str, GpuWindow]) -> list[Anomaly]:
+            last[i] = s.ts
+            rank = self._rank.get(i, 0)
+            self._rank[i] = rank + 1
+            if rank == len(rounds):
+                rounds.append([])
+            rounds[rank].append((i, s))
+        self._rank.clear()
         out: list[Anomaly] = []
-        pending, self._pending = self._pending, {}
-        self._snapped.clear()
-        for (width, name), items in pending.items():
-            if name == "thermal":
-                thermal = np.stack([x[2][0] for x in items])
-                temp = np.stack([x[2][1] for x in items])
-                findings = self.throttle.detect(thermal, temp)
-                detector = "throttle"
-            else:
-                findings = self.rates[name].detect(np.stack([x[2] for x in items]))
-                detector = "rate_change"
-            for f in findings:
-                node, ts, _ = items[f.index]
-                if self.cooldown.allow((node, f.gpu, f.kind), ts):
-                    win = Window(start=ts - self.cfg.window, end=ts) if detector == "rate_change" else None
-                    out.append(_anomaly(detector, node, f, ts, window=win))
-        out.sort(key=lambda a: a.ts)
+        for rnd in rounds:
+            out.extend(self._round(f, rnd))
+        return out
+
+    def _round(self, f: GpuFleetState, rnd: list[tuple[int, GpuSample]]) -> list[Anomaly]:
+        out: list[Anomaly] = []
+        idx = np.fromiter((i for i, _ in rnd), dtype=np.int64, count=len(rnd))
+        ss = [s for _, s in rnd]
+        raw = np.array([(s.ecc_sbe, s.nvlink_crc, s.nvlink_replay, s.nvlink_recovery, s.pcie_replay, s.ecc_dbe,
+                         s.throttle) for s in ss], dtype=np.float64)  # (m, 7, g)
+        cur = np.stack([raw[:, 0], raw[:, 1] + raw[:, 2] + raw[:, 3], raw[:, 4], raw[:, 5]], axis=1)  # (m, 4, g)
+        ts = np.fromiter((s.ts for s in ss), dtype=np.float64, count=len(ss))
+        first = f.count[idx] == 0
+        # A counter that went down was reset (driver reload): count no increment.
+        delta = np.maximum(cur - f.prev[idx], 0.0)
+        delta[first] = 0.0
+        f.prev[idx] = cur
+        f.last_ts[idx] = ts
+        # hard faults: double-bit ECC increments, row-remap failures, lost GPUs
+        remap = np.array([s.remap_failure for s in ss], dtype=bool)
+        lost = np.array([s.lost for s in ss], dtype=bool)
+        dbe = delta[:, 3]
+        if dbe.any() or remap.any() or lost.any():
+            for fd in self.hard.detect(dbe, remap, lost):
+                s = ss[fd.index]
+                if self.cooldown.allow((s.node, fd.gpu, fd.kind), s.ts):
+                    out.append(_anomaly("gpu_hard", s.node, fd, s.ts))
+        xid_rows = [(k, x.gpu, x.code) for k, s in enumerate(ss) for x in s.xids]
+        if xid_rows:
+            arr = np.array(xid_rows, dtype=np.int64)
+            for fd in self.xid.detect(arr[:, 2], arr[:, 0], arr[:, 1]):
+                s = ss[fd.index]
+                if self.cooldown.allow((s.node, fd.gpu, fd.kind, fd.evidence.get("xid")), s.ts):
+                    out.append(_anomaly("xid", s.node, fd, s.ts))
+        # running totals and their rings
+        count = f.count[idx]
+        f.acc[idx] += delta[:, :3].astype(np.int64)
+        f.ring[idx, count % (f.w + 1)] = f.acc[idx].astype(np.int32)  # modulo 2**32
+        thermal = thermal_mask(raw[:, 6].astype(np.int64))
+        f.th_acc[idx] += thermal
+        f.th_ring[idx, count % (f.tw + 1)] = f.th_acc[idx].astype(np.int16)  # modulo 2**16
+        f.temp[idx, count % f.tw] = np.array([s.temp for s in ss], dtype=np.float16)
+        count = count + 1
+        f.count[idx] = count
+        # rate-change tests on every full window
+        full = count > f.w
+        if full.any():
+            fi, fc = idx[full], count[full]
+            now = f.ring[fi, (fc - 1) % (f.w + 1)]
+            at_r = f.ring[fi, (fc - 1 - f.r) % (f.w + 1)]
+            at_w = f.ring[fi, (fc - 1 - f.w) % (f.w + 1)]
+            k_rec, k_base = now - at_r, at_r - at_w  # int32 arithmetic wraps like the totals
+            sel = np.flatnonzero(full)
+            for c, name in enumerate(RATE_COUNTERS):
+                det = self.rates[name]
+                for fd in det.detect_sums(k_base[:, c], k_rec[:, c], f.w - f.r, f.r):
+                    s = ss[sel[fd.index]]
+                    if self.cooldown.allow((s.node, fd.gpu, fd.kind), s.ts):
+                        win = Window(start=s.ts - self.cfg.window, end=s.ts)
+                        out.append(_anomaly("rate_change", s.node, fd, s.ts, window=win))
+        warm = count > f.tw
+        if warm.any():
+            wi, wc = idx[warm], count[warm]
+            throttled = f.th_ring[wi, (wc - 1) % (f.tw + 1)] - f.th_ring[wi, (wc - 1 - f.tw) % (f.tw + 1)]
+            if (throttled >= self.throttle.min_fraction * f.tw).any():
+                max_temp = f.temp[wi].max(axis=1).astype(np.float64)
+                sel = np.flatnonzero(warm)
+                for fd in self.throttle.detect_counts(throttled, f.tw, max_temp):
+                    s = ss[sel[fd.index]]
+                    if self.cooldown.allow((s.node, fd.gpu, fd.kind), s.ts):
+                        out.append(_anomaly("throttle", s.node, fd, s.ts))
         return out
 
 

@@ -1,0 +1,421 @@
+"""``make bench``: throughput, latency, scale-out and memory, measured in one run.
+
+1. **Load**: realistic samples of a fleet (8 GPUs per node, every field of the GPU record,
+   and network samples) are written into Kafka as fast as the producer can.
+2. **Baseline**: a bare aiokafka consumer reads the same messages and decodes them with
+   the pipeline's codec: the practical limit of one Python consumer here.
+3. **Pipeline**: one ``fleetmedic worker`` (decode, validate, detectors, correlator,
+   verdicts, actuation) consumes the same messages from the start; its sustained rate
+   is read from its own counters.
+4. **Scale-out**: the same with two worker processes sharing the partitions.
+5. **Latency**: the fleet streams at half the measured capacity while faults (Xid 79)
+   are injected; latency runs from a fault sample's production to its isolate action on
+   the ``actions`` topic, applied by the simulated cluster's API.
+6. **Memory**: the worker's resident memory after it holds the whole fleet's state, less
+   its resident memory when idle, per 1,000 nodes.
+
+Results go to ``bench/results/throughput.json`` and a printed table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from schemas import GpuSample, NetworkSample, decode
+
+from .config import load_settings
+from .topics import ensure_topics
+
+ROOT = Path(__file__).resolve().parent.parent
+GPUS = 8
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def machine() -> dict[str, Any]:
+    model = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "cpu": model, "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+# ------------------------------------------------------------------------------ load
+
+
+class FleetLoad:
+    """Realistic telemetry for ``nodes`` nodes, one round (one sample per node) at a time."""
+
+    def __init__(self, nodes: int, seed: int = 7) -> None:
+        self.nodes = [f"node-{i:05d}" for i in range(nodes)]
+        self.rng = np.random.default_rng(seed)
+        self.sbe = np.zeros((nodes, GPUS), dtype=np.int64)
+        self.t0 = time.time() - 86400
+
+    def gpu_round(self, k: int, ts: float | None = None) -> list[tuple[str, bytes]]:
+        n = len(self.nodes)
+        r = self.rng
+        util = np.round(r.normal(96, 2, (n, GPUS)).clip(0, 100), 1)
+        temp = np.round(r.normal(66, 1.5, (n, GPUS)), 1)
+        power = np.round(r.normal(650, 12, (n, GPUS)).clip(0), 1)
+        self.sbe += r.poisson(2e-4, (n, GPUS))
+        ts = self.t0 + k if ts is None else ts
+        zeros, false = [0] * GPUS, [False] * GPUS
+        out = []
+        for i, name in enumerate(self.nodes):
+            rec = {
+                "schema": "gpu/1", "ts": ts, "node": name, "util": util[i].tolist(), "temp": temp[i].tolist(),
+                "power": power[i].tolist(), "sm_clock": [1980.0] * GPUS, "mem_clock": [2619.0] * GPUS,
+                "throttle": zeros, "ecc_sbe": self.sbe[i].tolist(), "ecc_dbe": zeros, "remap_pending": false,
+                "remap_failure": false, "nvlink_crc": zeros, "nvlink_replay": zeros, "nvlink_recovery": zeros,
+                "pcie_replay": zeros, "lost": false, "xids": [],
+            }
+            out.append((name, orjson.dumps(rec)))
+        return out
+
+    def network_round(self, k: int) -> list[tuple[str, bytes]]:
+        out = []
+        b = int(2.5e10 * (k + 1))
+        for i, name in enumerate(self.nodes):
+            ports = [{"port": f"mlx5_{p}", "switch": f"leaf-{i // 32:03d}", "state": "up", "symbol_errors": 0,
+                      "link_error_recovery": 0, "link_downed": 0, "rcv_errors": 0, "xmit_discards": 0,
+                      "xmit_wait": 2000 * k, "xmit_bytes": b, "rcv_bytes": b} for p in range(4)]
+            out.append((name, orjson.dumps({"schema": "network/1", "ts": self.t0 + k, "node": name, "ports": ports})))
+        return out
+
+
+def fault_sample(node: str, ts: float) -> bytes:
+    lost = [False] * GPUS
+    lost[3] = True
+    zeros = [0] * GPUS
+    return orjson.dumps({
+        "schema": "gpu/1", "ts": ts, "node": node, "util": [0.0] * GPUS, "temp": [40.0] * GPUS,
+        "power": [70.0] * GPUS, "sm_clock": [0.0] * GPUS, "mem_clock": [0.0] * GPUS, "throttle": zeros,
+        "ecc_sbe": zeros, "ecc_dbe": zeros, "remap_pending": [False] * GPUS, "remap_failure": [False] * GPUS,
+        "nvlink_crc": zeros, "nvlink_replay": zeros, "nvlink_recovery": zeros, "pcie_replay": zeros,
+        "lost": lost, "xids": [{"gpu": 3, "code": 79}],
+    })
+
+
+async def produce_all(bootstrap: str, items: list[tuple[str, str, bytes]]) -> float:
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=50, max_batch_size=1024 * 1024, acks=1)
+    await p.start()
+    t = time.perf_counter()
+    try:
+        pending = []
+        for topic, key, value in items:
+            pending.append(await p.send(topic, key=key.encode(), value=value))
+            if len(pending) >= 20000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await p.stop()
+    return time.perf_counter() - t
+
+
+async def baseline(bootstrap: str, topics: dict[str, type], total: int) -> float:
+    """Seconds for a bare aiokafka consumer to read and decode ``total`` messages."""
+    c = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                         enable_auto_commit=False, max_partition_fetch_bytes=4 * 1024 * 1024,
+                         fetch_max_bytes=32 * 1024 * 1024)
+    await c.start()
+    n = 0
+    t = None
+    try:
+        while n < total:
+            batch = await c.getmany(timeout_ms=1000, max_records=5000)
+            if t is None and batch:
+                t = time.perf_counter()
+            for tp, msgs in batch.items():
+                model = topics[tp.topic]
+                for m in msgs:
+                    decode(model, m.value)
+                n += sum(1 for _ in msgs)
+    finally:
+        await c.stop()
+    return time.perf_counter() - (t or time.perf_counter())
+
+
+# ------------------------------------------------------------------------------ workers
+
+
+@dataclass
+class WorkerProc:
+    proc: subprocess.Popen
+    web_port: int
+    log: Path
+
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/fleetmedic/stats", timeout=5) as r:
+            return json.loads(r.read())
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/fleetmedic/ready", timeout=2) as r:
+                return r.status == 200
+        except Exception:
+            return False
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def start_worker(env: dict[str, str], log: Path) -> WorkerProc:
+    port = _free_port()
+    wenv = {**env, "FLEETMEDIC_WORKER__WEB_PORT": str(port)}
+    fh = open(log, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "worker"], cwd=ROOT, env=wenv, stdout=fh,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    return WorkerProc(proc, port, log)
+
+
+def wait_ready(workers: list[WorkerProc], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for w in workers:
+            if w.proc.poll() is not None:
+                raise RuntimeError(f"worker exited ({w.proc.returncode}); see {w.log}")
+        if all(w.ready() for w in workers):
+            return
+        time.sleep(0.3)
+    raise RuntimeError(f"workers not ready within {timeout}s; see {[str(w.log) for w in workers]}")
+
+
+def run_workers(env: dict[str, str], count: int, total: int, logdir: Path, timeout: float) -> dict[str, Any]:
+    """Start ``count`` workers on a backlog of ``total`` telemetry records; measure their rate."""
+    app = f"fleetmedic-bench-{uuid.uuid4().hex[:6]}"
+    wenv = {**env, "FLEETMEDIC_KAFKA__APP_ID": app}
+    asyncio.run(ensure_topics(load_settings(environ=wenv)))
+    workers = [start_worker(wenv, logdir / f"{app}-{i}.log") for i in range(count)]
+    try:
+        wait_ready(workers)
+        idle_rss = [w.stats()["rss_bytes"] for w in workers]
+        done = 0
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = sum(s["telemetry"] for s in (w.stats() for w in workers))
+            if done >= total:
+                break
+            time.sleep(0.2)
+        stats = [w.stats() for w in workers]
+        # the workers' own clocks: first batch received to last batch processed
+        t_first = min(s["first_telemetry_at"] for s in stats if s["first_telemetry_at"]) if done else 0.0
+        t_last = max(s["last_telemetry_at"] for s in stats)
+        elapsed = max(t_last - t_first, 1e-9)
+        return {
+            "workers": count, "records": done, "seconds": elapsed, "samples_per_s": done / elapsed if elapsed else 0.0,
+            "complete": done >= total, "idle_rss_bytes": idle_rss, "rss_bytes": [s["rss_bytes"] for s in stats],
+            "detector_state_bytes": [s["detector_state_bytes"] for s in stats],
+            "nodes_seen": [s["nodes_seen"] for s in stats],
+        }
+    finally:
+        for w in workers:
+            w.stop()
+
+
+async def latency_run(bootstrap: str, env: dict[str, str], load: FleetLoad, rate: float, seconds: float,
+                      faults: int, logdir: Path) -> dict[str, Any]:
+    """Stream at ``rate`` samples/s for ``seconds``, inject ``faults``; fault-to-action latencies."""
+    from .simrun import SimRunner
+    from .simulator import SimConfig
+
+    s = load_settings(environ=env)
+    api_port = _free_port()
+    runner = SimRunner(s, SimConfig(nodes=0, faults="none"), api_port=api_port)
+    fault_nodes = [load.nodes[(i * 7919) % len(load.nodes)] for i in range(faults)]
+    from .simulator import Node
+
+    for n in fault_nodes:
+        runner.cluster.nodes[n] = Node(name=n, leaf="leaf-0", rng=np.random.default_rng(0))
+    await runner.start_api()
+    app = f"fleetmedic-bench-lat-{uuid.uuid4().hex[:6]}"
+    wenv = {**env, "FLEETMEDIC_KAFKA__APP_ID": app, "FLEETMEDIC_ACTUATORS__BACKEND": "sim",
+            "FLEETMEDIC_ACTUATORS__SIM_URL": f"http://127.0.0.1:{api_port}"}
+    await ensure_topics(load_settings(environ=wenv))
+    worker = start_worker(wenv, logdir / f"{app}.log")
+    consumer = AIOKafkaConsumer(s.topic("actions"), bootstrap_servers=bootstrap, group_id=None,
+                                auto_offset_reset="latest", enable_auto_commit=False)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1)
+    sent: dict[str, float] = {}
+    seen: dict[str, float] = {}
+    stop = asyncio.Event()
+
+    async def follow() -> None:
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=100)
+            now = time.perf_counter()
+            for msgs in batch.values():
+                for m in msgs:
+                    a = orjson.loads(m.value)
+                    if a.get("action") == "isolate" and a["target"] in sent and a["target"] not in seen:
+                        seen[a["target"]] = now
+
+    try:
+        await asyncio.to_thread(wait_ready, [worker])
+        await consumer.start()
+        await consumer.seek_to_end()
+        await producer.start()
+        follower = asyncio.create_task(follow())
+        gpu_topic = s.topic("telemetry.gpu")
+        n = len(load.nodes)
+        start = time.perf_counter()
+        produced = 0
+        next_fault = 1.0
+        k = 10_000
+        fault_iter = iter(fault_nodes)
+        while time.perf_counter() - start < seconds:
+            k += 1
+            round_ = load.gpu_round(k)
+            for j in range(0, n, 500):
+                chunk = round_[j : j + 500]
+                for key, value in chunk:
+                    await producer.send(gpu_topic, key=key.encode(), value=value)
+                produced += len(chunk)
+                target = start + produced / rate
+                delay = target - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                el = time.perf_counter() - start
+                if el >= next_fault:
+                    node = next(fault_iter, None)
+                    if node is not None:
+                        await producer.send_and_wait(gpu_topic, key=node.encode(), value=fault_sample(node, load.t0 + k + 0.5))
+                        sent[node] = time.perf_counter()
+                    next_fault += seconds / (faults + 1)
+        await producer.flush()
+        deadline = time.perf_counter() + 30
+        while len(seen) < len(sent) and time.perf_counter() < deadline:
+            await asyncio.sleep(0.1)
+        stop.set()
+        await follower
+        achieved = produced / (time.perf_counter() - start)
+    finally:
+        await producer.stop()
+        await consumer.stop()
+        worker.stop()
+        if runner._runner is not None:
+            await runner._runner.cleanup()
+    lat = sorted(seen[n] - sent[n] for n in seen)
+    arr = np.array(lat) if lat else np.array([np.nan])
+    return {"rate_target": rate, "rate_achieved": achieved, "faults": len(sent), "actions_seen": len(seen),
+            "p50_s": float(np.percentile(arr, 50)), "p99_s": float(np.percentile(arr, 99)),
+            "max_s": float(arr.max())}
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def run(*, bootstrap: str, nodes: int, rounds: int, net_every: int, latency_seconds: float, faults: int,
+        two_workers: bool, out: Path, logdir: Path, say=print) -> dict[str, Any]:
+    prefix = f"bench{uuid.uuid4().hex[:6]}."
+    env = {**os.environ, "FLEETMEDIC_KAFKA__BOOTSTRAP": bootstrap, "FLEETMEDIC_KAFKA__TOPIC_PREFIX": prefix,
+           "FLEETMEDIC_ACTUATORS__BACKEND": "dryrun", "FLEETMEDIC_SAFETY__FLEET_SIZE": str(nodes),
+           "FLEETMEDIC_WORKER__LOG_LEVEL": "warning"}
+    s = load_settings(environ=env)
+    asyncio.run(ensure_topics(s))
+    load = FleetLoad(nodes)
+    gpu_t, net_t = s.topic("telemetry.gpu"), s.topic("telemetry.network")
+    say(f"generating {nodes} nodes x {rounds} rounds of GPU samples (+ network every {net_every} rounds)")
+    items: list[tuple[str, str, bytes]] = []
+    for k in range(rounds):
+        items.extend((gpu_t, key, v) for key, v in load.gpu_round(k))
+        if net_every and k % net_every == 0:
+            items.extend((net_t, key, v) for key, v in load.network_round(k))
+    total = len(items)
+    gpu_total = sum(1 for t, _, _ in items if t == gpu_t)
+    size = sum(len(v) for _, _, v in items)
+    say(f"producing {total} messages ({size / 1e6:.0f} MB) into Kafka at {bootstrap}")
+    produce_s = asyncio.run(produce_all(bootstrap, items))
+    del items
+    say(f"  produced at {total / produce_s:,.0f} msg/s")
+    say("baseline: bare aiokafka consumer + the pipeline's decoder")
+    base_s = asyncio.run(baseline(bootstrap, {gpu_t: GpuSample, net_t: NetworkSample}, total))
+    base_rate = total / base_s
+    say(f"  {base_rate:,.0f} samples/s")
+    say("fleetmedic: one worker, full pipeline, from the start of the topics")
+    one = run_workers(env, 1, total, logdir, timeout=max(120, total / 2000))
+    say(f"  {one['samples_per_s']:,.0f} samples/s ({'complete' if one['complete'] else 'INCOMPLETE'})")
+    two = None
+    if two_workers:
+        say("fleetmedic: two workers sharing the partitions")
+        two = run_workers(env, 2, total, logdir, timeout=max(120, total / 2000))
+        say(f"  {two['samples_per_s']:,.0f} samples/s ({'complete' if two['complete'] else 'INCOMPLETE'})")
+    rss_delta = one["rss_bytes"][0] - one["idle_rss_bytes"][0]
+    mem_per_1k = rss_delta / 1e6 / nodes * 1000
+    say(f"latency: streaming at half capacity ({one['samples_per_s'] / 2:,.0f} samples/s) with {faults} faults")
+    lat = asyncio.run(latency_run(bootstrap, env, load, one["samples_per_s"] / 2, latency_seconds, faults, logdir))
+    say(f"  p50 {lat['p50_s'] * 1000:.0f} ms, p99 {lat['p99_s'] * 1000:.0f} ms ({lat['actions_seen']}/{lat['faults']} actions)")
+    result = {
+        "machine": machine(),
+        "nodes": nodes, "rounds": rounds, "messages": total, "gpu_samples": gpu_total,
+        "message_bytes": size, "produce_msgs_per_s": total / produce_s,
+        "baseline_samples_per_s": base_rate,
+        "pipeline_samples_per_s": one["samples_per_s"],
+        "ratio": one["samples_per_s"] / base_rate,
+        "gpus_per_worker_at_1hz": one["samples_per_s"] * GPUS,
+        "latency_p50_s": lat["p50_s"], "latency_p99_s": lat["p99_s"], "latency_max_s": lat["max_s"],
+        "latency": lat,
+        "two_worker_samples_per_s": two["samples_per_s"] if two else None,
+        "two_worker_speedup": (two["samples_per_s"] / one["samples_per_s"]) if two else None,
+        "mem_mb_per_1k_nodes": mem_per_1k,
+        "detector_state_mb_per_1k_nodes": one["detector_state_bytes"][0] / 1e6 / nodes * 1000,
+        "one_worker": one, "two_workers": two,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    say(table(result))
+    say(f"results: {out}")
+    return result
+
+
+def table(r: dict[str, Any]) -> str:
+    m = r["machine"]
+    rows = [
+        ("machine", f"{m['cores']} cores, {m['cpu']}"),
+        ("fleet", f"{r['nodes']:,} nodes x 8 GPUs, {r['messages']:,} messages"),
+        ("baseline (aiokafka + decode)", f"{r['baseline_samples_per_s']:,.0f} samples/s"),
+        ("fleetmedic, 1 worker", f"{r['pipeline_samples_per_s']:,.0f} samples/s"),
+        ("ratio to baseline", f"{r['ratio']:.2f}"),
+        ("GPUs per worker at 1 Hz", f"{r['gpus_per_worker_at_1hz']:,.0f}"),
+        ("fleetmedic, 2 workers", "-" if r["two_worker_samples_per_s"] is None
+         else f"{r['two_worker_samples_per_s']:,.0f} samples/s ({r['two_worker_speedup']:.2f}x)"),
+        ("fault-to-action latency", f"p50 {r['latency_p50_s'] * 1000:.0f} ms, p99 {r['latency_p99_s'] * 1000:.0f} ms, "
+                                    f"max {r['latency_max_s'] * 1000:.0f} ms"),
+        ("memory per 1,000 nodes", f"{r['mem_mb_per_1k_nodes']:.1f} MB RSS "
+                                   f"({r['detector_state_mb_per_1k_nodes']:.1f} MB detector state)"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
