@@ -19,6 +19,7 @@ bad input.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from typing import Any
@@ -113,6 +114,9 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         autodiscover=False,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
+        stream_buffer_maxsize=s.worker.stream_buffer_maxsize,
+        broker_max_poll_records=s.worker.max_poll_records,
+        consumer_max_fetch_size=s.worker.max_fetch_bytes,
     )
     options.update(faust_options)
     app = faust.App(s.kafka.app_id, **options)
@@ -142,17 +146,18 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     breaker_state = app.Table("breaker_state", default=None, partitions=s.kafka.decision_partitions,
                               schema=json_schema)
 
-    gpu_detection = GpuDetection(s.detectors)
+    gpu_detection = GpuDetection(s.detectors, capacity=s.safety.fleet_size)
     net_detection = NetworkDetection(s.detectors)
     peer_detection = PeerDetection(s.detectors)
     breaker = CircuitBreaker(max_fraction=s.safety.max_fraction, max_absolute=s.safety.max_absolute,
                              window_s=s.safety.window_s)
     seen_nodes: set[str] = set()
+    timing: dict[str, float] = {"decode_s": 0.0, "detect_s": 0.0}
     stats: dict[str, Any] = {"records": 0, "telemetry": 0, "deadletters": 0, "anomalies": 0, "verdicts": 0,
                              "actions": 0, "first_telemetry_at": 0.0, "last_telemetry_at": 0.0}
     app.fleetmedic_stats = stats  # type: ignore[attr-defined]
     pending_ticks: dict[str, float] = {}
-    state: dict[str, Any] = {"actuation": None, "ticks_scanned": False}
+    state: dict[str, Any] = {"actuation": None, "ticks_scanned": False, "telemetry_consumer": None}
 
     def fleet_size() -> int:
         return s.safety.fleet_size or len(seen_nodes)
@@ -165,13 +170,19 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                          key=event.key, partition=msg.partition, offset=msg.offset)
         await t_dead.send(value=dl.to_json())
 
+    ok_counters: dict[str, Any] = {}
+
     async def decode_event(event: Any, model: type[Record]) -> Record | None:
         try:
             rec = decode(model, event.value)
         except DecodeError as exc:
             await send_dead(event, exc.reason)
             return None
-        metrics.records.labels(event.message.topic, "ok").inc()
+        topic_name = event.message.topic
+        c = ok_counters.get(topic_name)
+        if c is None:
+            c = ok_counters[topic_name] = metrics.records.labels(topic_name, "ok")
+        c.inc()
         stats["records"] += 1
         return rec
 
@@ -198,36 +209,98 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     # ------------------------------------------------------------------ detection agents
 
-    async def detect_batches(stream: faust.StreamT, model: type[Record], detection: Any, what: str) -> None:
-        """Decode a batch, run the detection over it at once, send its anomalies."""
-        async for events in stream.take_events(s.worker.batch_size, within=s.worker.batch_within_s):
-            samples = []
-            for ev in events:
-                rec = await decode_event(ev, model)
-                if rec is not None:
-                    samples.append(rec)
-                    seen_nodes.add(rec.node)
-            stats["telemetry"] += len(events)
-            now = time.time()
-            if not stats["first_telemetry_at"]:
-                stats["first_telemetry_at"] = now
-            stats["last_telemetry_at"] = now
+    async def dead_raw(topic: str, partition: int | None, offset: int | None, key: Any, value: Any, reason: str) -> None:
+        stats["deadletters"] += 1
+        metrics.records.labels(topic, "deadletter").inc()
+        dl = dead_letter(source_topic=topic, reason=reason, payload=value, ts=time.time(), key=key,
+                         partition=partition, offset=offset)
+        await t_dead.send(value=dl.to_json())
+
+    async def handle_telemetry(msgs: list[tuple[str, int, int, Any, Any]], model: type[Record], detection: Any,
+                               what: str) -> None:
+        """Decode a batch of (topic, partition, offset, key, value), detect over it at once, send anomalies."""
+        samples = []
+        t0 = time.perf_counter()
+        for topic, partition, offset, key, value in msgs:
             try:
-                anomalies = detection.process(samples)
-            except Exception as exc:  # a detector bug must not stop the stream
-                log.exception("%s detection failed on a batch of %d samples", what, len(samples))
-                for ev in events:
-                    await send_dead(ev, f"detector error: {exc!r}")
+                rec = decode(model, value)
+            except DecodeError as exc:
+                await dead_raw(topic, partition, offset, key, value, exc.reason)
                 continue
-            await emit_anomalies(anomalies)
+            samples.append(rec)
+            seen_nodes.add(rec.node)
+        stats["records"] += len(samples)
+        stats["telemetry"] += len(msgs)
+        t1 = time.perf_counter()
+        timing["decode_s"] += t1 - t0
+        try:
+            anomalies = detection.process(samples)
+            timing["detect_s"] += time.perf_counter() - t1
+        except Exception as exc:  # a detector bug must not stop the stream
+            log.exception("%s detection failed on a batch of %d samples", what, len(samples))
+            for m in msgs:
+                await dead_raw(*m, f"detector error: {exc!r}")
+            return
+        await emit_anomalies(anomalies)
+        now = time.time()
+        if not stats["first_telemetry_at"]:
+            stats["first_telemetry_at"] = now
+        stats["last_telemetry_at"] = now
 
-    @app.agent(t_gpu, name="detect_gpu")
-    async def detect_gpu(stream: faust.StreamT) -> None:
-        await detect_batches(stream, GpuSample, gpu_detection, "GPU")
+    telemetry = {specs["telemetry.gpu"].name: (GpuSample, gpu_detection, "GPU"),
+                 specs["telemetry.network"].name: (NetworkSample, net_detection, "network")}
 
-    @app.agent(t_net, name="detect_network")
-    async def detect_network(stream: faust.StreamT) -> None:
-        await detect_batches(stream, NetworkSample, net_detection, "network")
+    if s.worker.telemetry_consumer == "faust":
+        async def detect_batches(stream: faust.StreamT, model: type[Record], detection: Any, what: str) -> None:
+            async for events in stream.take_events(s.worker.batch_size, within=s.worker.batch_within_s):
+                msgs = [(e.message.topic, e.message.partition, e.message.offset, e.key, e.value) for e in events]
+                await handle_telemetry(msgs, model, detection, what)
+
+        @app.agent(t_gpu, name="detect_gpu")
+        async def detect_gpu(stream: faust.StreamT) -> None:
+            await detect_batches(stream, GpuSample, gpu_detection, "GPU")
+
+        @app.agent(t_net, name="detect_network")
+        async def detect_network(stream: faust.StreamT) -> None:
+            await detect_batches(stream, NetworkSample, net_detection, "network")
+    else:
+        @app.task
+        async def consume_telemetry() -> None:
+            """Telemetry in batches straight from the consumer (see docs/decisions/0005)."""
+            from aiokafka import AIOKafkaConsumer, TopicPartition
+
+            consumer = AIOKafkaConsumer(
+                *telemetry, bootstrap_servers=s.kafka.bootstrap, group_id=f"{s.kafka.app_id}-telemetry",
+                enable_auto_commit=False, auto_offset_reset="earliest",
+                max_partition_fetch_bytes=s.worker.max_fetch_bytes, fetch_max_bytes=4 * s.worker.max_fetch_bytes,
+            )
+            state["telemetry_consumer"] = consumer
+            await consumer.start()
+            # The hot path allocates many short-lived records; move everything alive now
+            # out of the collector's view and collect young objects less often.
+            gc.collect()
+            gc.freeze()
+            gc.set_threshold(s.worker.gc_threshold, 20, 100)
+            try:
+                while not app.should_stop:
+                    batch = await consumer.getmany(timeout_ms=int(s.worker.batch_within_s * 1000),
+                                                   max_records=s.worker.batch_size)
+                    if not batch:
+                        continue
+                    by_topic: dict[str, list] = {}
+                    offsets = {}
+                    for tp, recs in batch.items():
+                        by_topic.setdefault(tp.topic, []).extend(
+                            (r.topic, r.partition, r.offset, r.key, r.value) for r in recs)
+                        offsets[TopicPartition(tp.topic, tp.partition)] = recs[-1].offset + 1
+                    for topic, msgs in by_topic.items():
+                        model, detection, what = telemetry[topic]
+                        await handle_telemetry(msgs, model, detection, what)
+                    # anomalies and dead letters are on the broker before the offsets move on
+                    await app.producer.flush()
+                    await consumer.commit(offsets)
+            finally:
+                await consumer.stop()
 
     # ------------------------------------------------------------------ correlator
 
@@ -343,6 +416,9 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     @app.page("/fleetmedic/ready")
     async def ready(web: Any, request: Any) -> Any:
         assigned = bool(app.consumer.assignment()) if app.consumer is not None else False
+        tc = state.get("telemetry_consumer")
+        if tc is not None:
+            assigned = assigned and bool(tc.assignment())
         ok = assigned and not app.rebalancing
         return web.json({"ready": ok, "assigned": assigned}, status=200 if ok else 503)
 
@@ -350,13 +426,14 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     async def stats_view(web: Any, request: Any) -> Any:
         return web.json({**stats, "nodes_seen": len(seen_nodes), "late_samples": gpu_detection.late + net_detection.late,
                          "breaker_used": len(breaker.snapshot()), "detector_state_bytes": gpu_detection.nbytes(),
+                         "timing": timing,
                          "rss_bytes": _rss_bytes()})
 
     @app.page("/metrics")
     async def metrics_view(web: Any, request: Any) -> Any:
         return web.bytes(generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
-    app.fleetmedic_agents = (detect_gpu, detect_network, track_nodes, track_jobs, actuate)  # type: ignore[attr-defined]
+    app.fleetmedic_agents = (track_nodes, track_jobs, actuate)  # type: ignore[attr-defined]
     return app
 
 

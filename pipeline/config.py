@@ -34,9 +34,16 @@ class KafkaSettings(_Section):
 class WorkerSettings(_Section):
     web_port: int = Field(6066, ge=0, le=65535, description="Faust web server port (0: pick a free one)")
     web_host: str = "127.0.0.1"
-    batch_size: int = Field(500, ge=1, le=100000, description="telemetry records per detector batch")
+    telemetry_consumer: Literal["batch", "faust"] = Field(
+        "batch", description="telemetry path: 'batch' (consumer batches, fast) or 'faust' (a Faust agent per topic)"
+    )
+    batch_size: int = Field(2000, ge=1, le=100000, description="telemetry records per detector batch")
     batch_within_s: float = Field(0.2, gt=0, le=60, description="longest wait to fill a batch")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    stream_buffer_maxsize: int = Field(16384, ge=1, description="Faust: events buffered per stream before the fetcher pauses")
+    max_poll_records: int = Field(5000, ge=1, description="Faust: records returned by one poll of the consumer")
+    max_fetch_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Faust: bytes fetched per partition request")
+    gc_threshold: int = Field(50000, ge=700, description="allocations between young-generation garbage collections")
 
 
 class DetectorSettings(_Section):

@@ -155,8 +155,9 @@ class GpuDetection:
     a backlog read in large batches gives the same findings, step by step.
     """
 
-    def __init__(self, cfg: DetectorSettings) -> None:
+    def __init__(self, cfg: DetectorSettings, *, capacity: int = 64) -> None:
         self.cfg = cfg
+        self.capacity = max(64, capacity)
         self.hard = HardFaultDetector()
         self.xid = XidDetector()
         kw = dict(window=cfg.window, recent=cfg.recent, alpha=cfg.alpha, min_events=cfg.min_events)
@@ -182,17 +183,22 @@ class GpuDetection:
     def _fleet(self, g: int) -> GpuFleetState:
         f = self.fleets.get(g)
         if f is None:
-            f = self.fleets[g] = GpuFleetState(g, self.cfg.window, self.cfg.recent, self.throttle_window)
+            f = self.fleets[g] = GpuFleetState(g, self.cfg.window, self.cfg.recent, self.throttle_window,
+                                               capacity=self.capacity)
         return f
 
     def process(self, samples: Sequence[GpuSample]) -> list[Anomaly]:
         """Update the state with ``samples`` (any order of nodes) and return anomalies."""
         out: list[Anomaly] = []
         groups: dict[int, list[tuple[int, int, GpuSample]]] = {}
+        fleets = self.fleets
         for s in samples:
-            f = self._fleet(s.gpu_count)
-            i = f.node(s.node)
-            groups.setdefault(s.gpu_count, []).append((i, 0, s))
+            g = len(s.util)
+            f = fleets.get(g) or self._fleet(g)
+            i = f.index.get(s.node)
+            if i is None:
+                i = f.node(s.node)
+            groups.setdefault(g, []).append((i, 0, s))
         for g, items in groups.items():
             out.extend(self._process_fleet(self.fleets[g], items))
         out.sort(key=lambda a: a.ts)
@@ -224,8 +230,9 @@ class GpuDetection:
         out: list[Anomaly] = []
         idx = np.fromiter((i for i, _ in rnd), dtype=np.int64, count=len(rnd))
         ss = [s for _, s in rnd]
+        # one conversion for every per-GPU field the detectors read: (m, 10, g)
         raw = np.array([(s.ecc_sbe, s.nvlink_crc, s.nvlink_replay, s.nvlink_recovery, s.pcie_replay, s.ecc_dbe,
-                         s.throttle) for s in ss], dtype=np.float64)  # (m, 7, g)
+                         s.throttle, s.temp, s.remap_failure, s.lost) for s in ss], dtype=np.float64)
         cur = np.stack([raw[:, 0], raw[:, 1] + raw[:, 2] + raw[:, 3], raw[:, 4], raw[:, 5]], axis=1)  # (m, 4, g)
         ts = np.fromiter((s.ts for s in ss), dtype=np.float64, count=len(ss))
         first = f.count[idx] == 0
@@ -235,8 +242,8 @@ class GpuDetection:
         f.prev[idx] = cur
         f.last_ts[idx] = ts
         # hard faults: double-bit ECC increments, row-remap failures, lost GPUs
-        remap = np.array([s.remap_failure for s in ss], dtype=bool)
-        lost = np.array([s.lost for s in ss], dtype=bool)
+        remap = raw[:, 8] > 0
+        lost = raw[:, 9] > 0
         dbe = delta[:, 3]
         if dbe.any() or remap.any() or lost.any():
             for fd in self.hard.detect(dbe, remap, lost):
@@ -257,7 +264,7 @@ class GpuDetection:
         thermal = thermal_mask(raw[:, 6].astype(np.int64))
         f.th_acc[idx] += thermal
         f.th_ring[idx, count % (f.tw + 1)] = f.th_acc[idx].astype(np.int16)  # modulo 2**16
-        f.temp[idx, count % f.tw] = np.array([s.temp for s in ss], dtype=np.float16)
+        f.temp[idx, count % f.tw] = raw[:, 7]
         count = count + 1
         f.count[idx] = count
         # rate-change tests on every full window
