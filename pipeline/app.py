@@ -267,39 +267,79 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         @app.task
         async def consume_telemetry() -> None:
             """Telemetry in batches straight from the consumer (see docs/decisions/0005)."""
-            from aiokafka import AIOKafkaConsumer, TopicPartition
+            from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+            from aiokafka.errors import CommitFailedError, IllegalStateError
 
             consumer = AIOKafkaConsumer(
-                *telemetry, bootstrap_servers=s.kafka.bootstrap, group_id=f"{s.kafka.app_id}-telemetry",
+                bootstrap_servers=s.kafka.bootstrap, group_id=f"{s.kafka.app_id}-telemetry",
                 enable_auto_commit=False, auto_offset_reset="earliest",
                 max_partition_fetch_bytes=s.worker.max_fetch_bytes, fetch_max_bytes=4 * s.worker.max_fetch_bytes,
             )
             state["telemetry_consumer"] = consumer
-            await consumer.start()
             # The hot path allocates many short-lived records; move everything alive now
             # out of the collector's view and collect young objects less often.
             gc.collect()
             gc.freeze()
             gc.set_threshold(s.worker.gc_threshold, 20, 100)
+            offsets: dict[Any, int] = {}  # processed, not yet committed
+            last_commit = time.monotonic()
+
+            async def commit() -> None:
+                # anomalies and dead letters are on the broker before the offsets move on
+                await app.producer.flush()
+                assigned = consumer.assignment()
+                mine = {tp: o for tp, o in offsets.items() if tp in assigned}
+                offsets.clear()
+                if not mine:
+                    return
+                try:
+                    await consumer.commit(mine)
+                except (CommitFailedError, IllegalStateError) as exc:
+                    # a rebalance took the partitions: their records are read again (at least once)
+                    log.warning("telemetry offsets not committed (%s); they will be processed again", exc)
+
+            class OnRebalance(ConsumerRebalanceListener):
+                async def on_partitions_revoked(self, revoked: Any) -> None:
+                    await commit()
+
+                async def on_partitions_assigned(self, assigned: Any) -> None:
+                    return None
+
+            consumer.subscribe(list(telemetry), listener=OnRebalance())
+            await consumer.start()
+
             try:
                 while not app.should_stop:
-                    batch = await consumer.getmany(timeout_ms=int(s.worker.batch_within_s * 1000),
-                                                   max_records=s.worker.batch_size)
-                    if not batch:
-                        continue
+                    # gather up to batch_size records, waiting at most batch_within_s for more
                     by_topic: dict[str, list] = {}
-                    offsets = {}
-                    for tp, recs in batch.items():
-                        by_topic.setdefault(tp.topic, []).extend(
-                            (r.topic, r.partition, r.offset, r.key, r.value) for r in recs)
-                        offsets[TopicPartition(tp.topic, tp.partition)] = recs[-1].offset + 1
+                    fetched: dict[Any, int] = {}
+                    n = 0
+                    deadline = None
+                    while n < s.worker.batch_size:
+                        wait = s.worker.batch_within_s if deadline is None else max(0.0, deadline - time.monotonic())
+                        batch = await consumer.getmany(timeout_ms=int(wait * 1000), max_records=s.worker.batch_size - n)
+                        for tp, recs in batch.items():
+                            by_topic.setdefault(tp.topic, []).extend(
+                                (r.topic, r.partition, r.offset, r.key, r.value) for r in recs)
+                            fetched[TopicPartition(tp.topic, tp.partition)] = recs[-1].offset + 1
+                            n += len(recs)
+                        if n and deadline is None:
+                            deadline = time.monotonic() + s.worker.batch_linger_s
+                        if not batch or (deadline is not None and time.monotonic() >= deadline):
+                            break
                     for topic, msgs in by_topic.items():
                         model, detection, what = telemetry[topic]
                         await handle_telemetry(msgs, model, detection, what)
-                    # anomalies and dead letters are on the broker before the offsets move on
-                    await app.producer.flush()
-                    await consumer.commit(offsets)
+                    offsets.update(fetched)
+                    if offsets and time.monotonic() - last_commit >= s.worker.commit_interval_s:
+                        await commit()
+                        last_commit = time.monotonic()
             finally:
+                if offsets:
+                    try:
+                        await commit()
+                    except Exception:  # stopping: what is not committed is read again (at least once)
+                        log.warning("could not commit telemetry offsets on stop")
                 await consumer.stop()
 
     # ------------------------------------------------------------------ correlator

@@ -38,7 +38,9 @@ class WorkerSettings(_Section):
         "batch", description="telemetry path: 'batch' (consumer batches, fast) or 'faust' (a Faust agent per topic)"
     )
     batch_size: int = Field(2000, ge=1, le=100000, description="telemetry records per detector batch")
-    batch_within_s: float = Field(0.2, gt=0, le=60, description="longest wait to fill a batch")
+    batch_within_s: float = Field(0.2, gt=0, le=60, description="longest wait for the first record of a batch")
+    batch_linger_s: float = Field(0.02, ge=0, le=10, description="after the first record, how long a batch may wait for more")
+    commit_interval_s: float = Field(1.0, gt=0, le=60, description="telemetry offsets are committed this often (after their anomalies are sent)")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     stream_buffer_maxsize: int = Field(16384, ge=1, description="Faust: events buffered per stream before the fetcher pauses")
     max_poll_records: int = Field(5000, ge=1, description="Faust: records returned by one poll of the consumer")

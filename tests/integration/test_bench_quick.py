@@ -1,0 +1,37 @@
+"""`make bench` cannot rot: its quick mode runs end to end on the real broker.
+
+Only the shape and sanity of the results are checked; speed is for `make bench` to
+report, never for a test to assert.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .harness import ROOT
+
+pytestmark = pytest.mark.integration
+
+KEYS = ("baseline_samples_per_s", "pipeline_samples_per_s", "ratio", "latency_p50_s", "latency_p99_s",
+        "two_worker_speedup", "mem_mb_per_1k_nodes", "machine")
+
+
+def test_quick_bench_measures_every_figure(kafka_bootstrap, tmp_path):
+    out = tmp_path / "throughput.json"
+    res = subprocess.run([sys.executable, "-m", "pipeline", "--bootstrap", kafka_bootstrap, "bench", "--quick",
+                          "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         stdin=subprocess.DEVNULL, env={**__import__("os").environ,
+                                                        "FLEETMEDIC_STATE": str(tmp_path / "state")})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    r = json.loads(out.read_text())
+    for k in KEYS:
+        assert r.get(k) is not None, k
+    assert r["one_worker"]["complete"] and r["two_workers"]["complete"]
+    assert r["one_worker"]["records"] >= r["messages"]
+    assert r["latency"]["actions_seen"] == r["latency"]["faults"] > 0
+    assert r["machine"]["cores"] >= 1
+    assert "fleetmedic, 1 worker" in res.stdout and "ratio to baseline" in res.stdout
