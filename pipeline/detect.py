@@ -9,6 +9,7 @@ warming up), which the node track tolerates because degradation needs confirmati
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -171,7 +172,6 @@ class GpuDetection:
         self.fleets: dict[int, GpuFleetState] = {}
         self.cooldown = Cooldown(cfg.anomaly_cooldown_s)
         self.late = 0
-        self._rank: dict[int, int] = {}
 
     @property
     def nodes(self) -> int:
@@ -189,8 +189,13 @@ class GpuDetection:
 
     def process(self, samples: Sequence[GpuSample]) -> list[Anomaly]:
         """Update the state with ``samples`` (any order of nodes) and return anomalies."""
+        # One pass in arrival order: drop duplicates and out-of-order samples, and number
+        # the rest per node: the k-th accepted sample of a node in this batch goes to
+        # round k of its fleet (nodes grouped by GPU count).
         out: list[Anomaly] = []
-        groups: dict[int, list[tuple[int, int, GpuSample]]] = {}
+        rounds_by_g: dict[int, list[list[tuple[int, GpuSample]]]] = {}
+        last: dict[tuple[int, int], float] = {}
+        rank: dict[tuple[int, int], int] = {}
         fleets = self.fleets
         for s in samples:
             g = len(s.util)
@@ -198,32 +203,27 @@ class GpuDetection:
             i = f.index.get(s.node)
             if i is None:
                 i = f.node(s.node)
-            groups.setdefault(g, []).append((i, 0, s))
-        for g, items in groups.items():
-            out.extend(self._process_fleet(self.fleets[g], items))
-        out.sort(key=lambda a: a.ts)
-        return out
-
-    def _process_fleet(self, f: GpuFleetState, items: list[tuple[int, int, GpuSample]]) -> list[Anomaly]:
-        # drop duplicates and out-of-order samples, in arrival order, and number the rest
-        # per node: the k-th accepted sample of a node in this batch goes to round k
-        last: dict[int, float] = {}
-        rounds: list[list[tuple[int, GpuSample]]] = []
-        for i, _, s in items:
-            prev = last.get(i, f.last_ts[i])
+            key = (g, i)
+            prev = last.get(key)
+            if prev is None:
+                prev = f.last_ts[i]
             if s.ts <= prev:
                 self.late += 1
                 continue
-            last[i] = s.ts
-            rank = self._rank.get(i, 0)
-            self._rank[i] = rank + 1
-            if rank == len(rounds):
+            last[key] = s.ts
+            k = rank.get(key, 0)
+            rank[key] = k + 1
+            rounds = rounds_by_g.get(g)
+            if rounds is None:
+                rounds = rounds_by_g[g] = []
+            if k == len(rounds):
                 rounds.append([])
-            rounds[rank].append((i, s))
-        self._rank.clear()
-        out: list[Anomaly] = []
-        for rnd in rounds:
-            out.extend(self._round(f, rnd))
+            rounds[k].append((i, s))
+        for g, rounds in rounds_by_g.items():
+            f = fleets[g]
+            for rnd in rounds:
+                out.extend(self._round(f, rnd))
+        out.sort(key=lambda a: a.ts)
         return out
 
     def _round(self, f: GpuFleetState, rnd: list[tuple[int, GpuSample]]) -> list[Anomaly]:
@@ -231,8 +231,12 @@ class GpuDetection:
         idx = np.fromiter((i for i, _ in rnd), dtype=np.int64, count=len(rnd))
         ss = [s for _, s in rnd]
         # one conversion for every per-GPU field the detectors read: (m, 10, g)
-        raw = np.array([(s.ecc_sbe, s.nvlink_crc, s.nvlink_replay, s.nvlink_recovery, s.pcie_replay, s.ecc_dbe,
-                         s.throttle, s.temp, s.remap_failure, s.lost) for s in ss], dtype=np.float64)
+        chain = itertools.chain.from_iterable
+        raw = np.fromiter(
+            chain(chain((s.ecc_sbe, s.nvlink_crc, s.nvlink_replay, s.nvlink_recovery, s.pcie_replay, s.ecc_dbe,
+                         s.throttle, s.temp, s.remap_failure, s.lost)) for s in ss),
+            dtype=np.float64, count=len(ss) * 10 * f.g,
+        ).reshape(len(ss), 10, f.g)
         cur = np.stack([raw[:, 0], raw[:, 1] + raw[:, 2] + raw[:, 3], raw[:, 4], raw[:, 5]], axis=1)  # (m, 4, g)
         ts = np.fromiter((s.ts for s in ss), dtype=np.float64, count=len(ss))
         first = f.count[idx] == 0

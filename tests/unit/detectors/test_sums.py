@@ -1,0 +1,40 @@
+"""The count-based entry points give exactly the findings of the window-based ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from detectors import RateChangeDetector, ThrottleDetector
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rate_change_on_window_sums_equals_rate_change_on_windows(seed):
+    rng = np.random.default_rng(seed)
+    det = RateChangeDetector(window=120, recent=30, alpha=1e-4)
+    counts = rng.poisson(0.02, (200, 120, 8)).astype(float)
+    counts[:20, -30:, 3] += rng.poisson(0.5, (20, 30))  # a rise on some GPUs
+    k_base, k_rec = counts[:, :90].sum(axis=1), counts[:, 90:].sum(axis=1)
+    a = [(f.index, f.gpu, f.severity, round(f.score, 9)) for f in det.detect(counts)]
+    b = [(f.index, f.gpu, f.severity, round(f.score, 9)) for f in det.detect_sums(k_base, k_rec, 90, 30)]
+    assert a == b
+    assert len(a) >= 10
+
+
+def test_rate_change_sums_refuse_negative_counts():
+    det = RateChangeDetector()
+    with pytest.raises(ValueError, match="non-negative"):
+        det.detect_sums(np.array([[-1.0]]), np.array([[5.0]]), 90, 30)
+
+
+def test_throttle_on_counts_equals_throttle_on_windows():
+    rng = np.random.default_rng(3)
+    det = ThrottleDetector(window=60, min_fraction=0.5)
+    thermal = rng.random((50, 60, 8)) < 0.1
+    thermal[5, :, 2] = True
+    thermal[9, 20:, 6] = True
+    temp = rng.normal(70, 3, (50, 60, 8))
+    a = [(f.index, f.gpu, round(f.score, 9)) for f in det.detect(thermal, temp)]
+    b = [(f.index, f.gpu, round(f.score, 9)) for f in det.detect_counts(thermal.sum(axis=1), 60, temp.max(axis=1))]
+    assert a == b
+    assert [(i, g) for i, g, _ in a] == [(5, 2), (9, 6)]
