@@ -36,6 +36,8 @@ PROPS_FILE="$STATE_DIR/server.properties"
 
 log() { printf 'kafka.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+# shellcheck source=deploy/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
     cat <<EOF
@@ -164,24 +166,7 @@ cmd_fetch() {
 
 # ---------------------------------------------------------------- state ----
 
-free_port() {
-    python3 -c 'import socket
-s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
 
-port_free() {
-    python3 - "$1" <<'PY'
-import socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-try:
-    s.bind(("127.0.0.1", int(sys.argv[1])))
-except OSError:
-    sys.exit(1)
-finally:
-    s.close()
-PY
-}
 
 port_answers() {
     python3 - "$1" <<'PY'
@@ -323,13 +308,6 @@ format_storage() {
 }
 
 # Serialise start/stop/reset of one state dir (e.g. parallel test runners).
-take_lock() {
-    mkdir -p "$STATE_DIR"
-    if command -v flock >/dev/null; then
-        exec 9>"$STATE_DIR/.lock"
-        flock -w 180 9 || die "could not lock $STATE_DIR/.lock within 180 s"
-    fi
-}
 
 # ------------------------------------------------------------- commands ----
 
