@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by deploy/kafka.sh and deploy/slurm.sh (sourced; expects log, die and STATE_DIR).
 
 # hold the state directory's lock (fd 9) so two starts/stops never race

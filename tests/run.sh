@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export FLEETMEDIC_STATE=${FLEETMEDIC_TEST_STATE:-${TMPDIR:-/tmp}/fleetmedic-test-$$}
+# shellcheck disable=SC2317  # called by the EXIT trap
 cleanup() {
   bash deploy/slurm.sh stop >/dev/null 2>&1 || true
   bash deploy/kafka.sh stop >/dev/null 2>&1 || true
