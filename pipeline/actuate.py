@@ -18,8 +18,9 @@ from __future__ import annotations
 import fnmatch
 import logging
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from actuators import (
     ActionRequest,
@@ -37,6 +38,14 @@ log = logging.getLogger(__name__)
 
 #: outcomes after which the action is settled and a replay must not act again
 SETTLED = frozenset({Outcome.applied, Outcome.already_so, Outcome.dry_run, Outcome.held_by_budget})
+
+
+class Ledger(Protocol):
+    """Outcomes of settled actions by idempotency key (a dict, or a Faust table)."""
+
+    def get(self, key: str, default: Any = None) -> Any: ...
+
+    def __setitem__(self, key: str, value: str) -> None: ...
 
 
 class BackendRouter:
@@ -79,7 +88,7 @@ class Actuation:
     fleet_size: Callable[[], int]
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     notifier: Backend | None = None
-    ledger: MutableMapping[str, str] = field(default_factory=dict)
+    ledger: Ledger = field(default_factory=dict)
     sleep: Callable | None = None
     clock: Callable[[], float] = time.time
     router: Callable[[ActionRequest], Backend] | None = None

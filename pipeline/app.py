@@ -127,7 +127,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         spec = specs[short]
         return app.topic(spec.name, partitions=spec.partitions, key_type=bytes, value_type=bytes)
 
-    t_gpu, t_net, t_job = topic("telemetry.gpu"), topic("telemetry.network"), topic("telemetry.job")
+    t_gpu, t_net = topic("telemetry.gpu"), topic("telemetry.network")
     t_anom, t_verdicts, t_actions = topic("anomalies"), topic("verdicts"), topic("actions")
     t_dead = topic("deadletter")
     t_node_in, t_job_in = topic("internal.node-notices"), topic("internal.job-notices")
@@ -151,7 +151,6 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     peer_detection = PeerDetection(s.detectors)
     breaker = CircuitBreaker(max_fraction=s.safety.max_fraction, max_absolute=s.safety.max_absolute,
                              window_s=s.safety.window_s)
-    seen_nodes: set[str] = set()
     timing: dict[str, float] = {"decode_s": 0.0, "detect_s": 0.0}
     stats: dict[str, Any] = {"records": 0, "telemetry": 0, "deadletters": 0, "anomalies": 0, "verdicts": 0,
                              "actions": 0, "first_telemetry_at": 0.0, "last_telemetry_at": 0.0}
@@ -159,18 +158,32 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     pending_ticks: dict[str, float] = {}
     state: dict[str, Any] = {"actuation": None, "ticks_scanned": False, "telemetry_consumer": None}
 
-    def fleet_size() -> int:
-        return s.safety.fleet_size or len(seen_nodes)
+    def nodes_seen() -> int:
+        # the detectors' state holds every node that sent telemetry
+        return max(gpu_detection.nodes, len(net_detection.windows))
 
-    async def send_dead(event: Any, reason: str) -> None:
-        msg = event.message
+    def fleet_size() -> int:
+        return s.safety.fleet_size or nodes_seen()
+
+    async def dead_raw(topic: str, partition: int | None, offset: int | None, key: Any, value: Any, reason: str) -> None:
         stats["deadletters"] += 1
-        metrics.records.labels(msg.topic, "deadletter").inc()
-        dl = dead_letter(source_topic=msg.topic, reason=reason, payload=event.value, ts=time.time(),
-                         key=event.key, partition=msg.partition, offset=msg.offset)
+        metrics.records.labels(topic, "deadletter").inc()
+        dl = dead_letter(source_topic=topic, reason=reason, payload=value, ts=time.time(), key=key,
+                         partition=partition, offset=offset)
         await t_dead.send(value=dl.to_json())
 
+    async def send_dead(event: Any, reason: str) -> None:
+        m = event.message
+        await dead_raw(m.topic, m.partition, m.offset, event.key, event.value, reason)
+
     ok_counters: dict[str, Any] = {}
+
+    def count_ok(topic: str, n: int = 1) -> None:
+        c = ok_counters.get(topic)
+        if c is None:
+            c = ok_counters[topic] = metrics.records.labels(topic, "ok")
+        c.inc(n)
+        stats["records"] += n
 
     async def decode_event(event: Any, model: type[Record]) -> Record | None:
         try:
@@ -178,12 +191,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         except DecodeError as exc:
             await send_dead(event, exc.reason)
             return None
-        topic_name = event.message.topic
-        c = ok_counters.get(topic_name)
-        if c is None:
-            c = ok_counters[topic_name] = metrics.records.labels(topic_name, "ok")
-        c.inc()
-        stats["records"] += 1
+        count_ok(event.message.topic)
         return rec
 
     async def emit_anomalies(anomalies: list[Anomaly]) -> None:
@@ -209,13 +217,6 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     # ------------------------------------------------------------------ detection agents
 
-    async def dead_raw(topic: str, partition: int | None, offset: int | None, key: Any, value: Any, reason: str) -> None:
-        stats["deadletters"] += 1
-        metrics.records.labels(topic, "deadletter").inc()
-        dl = dead_letter(source_topic=topic, reason=reason, payload=value, ts=time.time(), key=key,
-                         partition=partition, offset=offset)
-        await t_dead.send(value=dl.to_json())
-
     async def handle_telemetry(msgs: list[tuple[str, int, int, Any, Any]], model: type[Record], detection: Any,
                                what: str) -> None:
         """Decode a batch of (topic, partition, offset, key, value), detect over it at once, send anomalies."""
@@ -228,8 +229,8 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                 await dead_raw(topic, partition, offset, key, value, exc.reason)
                 continue
             samples.append(rec)
-            seen_nodes.add(rec.node)
-        stats["records"] += len(samples)
+        if samples:
+            count_ok(msgs[0][0], len(samples))
         stats["telemetry"] += len(msgs)
         t1 = time.perf_counter()
         timing["decode_s"] += t1 - t0
@@ -464,7 +465,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     @app.page("/fleetmedic/stats")
     async def stats_view(web: Any, request: Any) -> Any:
-        return web.json({**stats, "nodes_seen": len(seen_nodes), "late_samples": gpu_detection.late + net_detection.late,
+        return web.json({**stats, "nodes_seen": nodes_seen(), "late_samples": gpu_detection.late + net_detection.late,
                          "breaker_used": len(breaker.snapshot()), "detector_state_bytes": gpu_detection.nbytes(),
                          "timing": timing,
                          "rss_bytes": _rss_bytes()})
@@ -499,21 +500,5 @@ class _TableLedger:
         v = self.table.get(key)
         return default if v is None else v
 
-    def __getitem__(self, key: str) -> Any:
-        v = self.table.get(key)
-        if v is None:
-            raise KeyError(key)
-        return v
-
     def __setitem__(self, key: str, value: str) -> None:
         self.table[key] = value
-
-    def __delitem__(self, key: str) -> None:
-        del self.table[key]
-
-    def __iter__(self):
-        return iter(self.table)
-
-    def __len__(self) -> int:
-        return len(self.table)
-

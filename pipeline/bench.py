@@ -23,14 +23,8 @@ import asyncio
 import json
 import os
 import platform
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +35,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from schemas import GpuSample, NetworkSample, decode
 
 from .config import load_settings
+from .procs import WorkerProcess, free_port, wait_ready
+from .simulator import GPUS, gpu_record
 from .topics import ensure_topics
 
-ROOT = Path(__file__).resolve().parent.parent
-GPUS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def machine() -> dict[str, Any]:
@@ -86,16 +74,9 @@ class FleetLoad:
         power = np.round(r.normal(650, 12, (n, GPUS)).clip(0), 1)
         self.sbe += r.poisson(2e-4, (n, GPUS))
         ts = self.t0 + k if ts is None else ts
-        zeros, false = [0] * GPUS, [False] * GPUS
         out = []
         for i, name in enumerate(self.nodes):
-            rec = {
-                "schema": "gpu/1", "ts": ts, "node": name, "util": util[i].tolist(), "temp": temp[i].tolist(),
-                "power": power[i].tolist(), "sm_clock": [1980.0] * GPUS, "mem_clock": [2619.0] * GPUS,
-                "throttle": zeros, "ecc_sbe": self.sbe[i].tolist(), "ecc_dbe": zeros, "remap_pending": false,
-                "remap_failure": false, "nvlink_crc": zeros, "nvlink_replay": zeros, "nvlink_recovery": zeros,
-                "pcie_replay": zeros, "lost": false, "xids": [],
-            }
+            rec = gpu_record(name, ts, util=util[i], temp=temp[i], power=power[i], ecc_sbe=self.sbe[i])
             out.append((name, orjson.dumps(rec)))
         return out
 
@@ -111,16 +92,11 @@ class FleetLoad:
 
 
 def fault_sample(node: str, ts: float) -> bytes:
+    """GPU 3 fell off the bus (Xid 79)."""
     lost = [False] * GPUS
     lost[3] = True
-    zeros = [0] * GPUS
-    return orjson.dumps({
-        "schema": "gpu/1", "ts": ts, "node": node, "util": [0.0] * GPUS, "temp": [40.0] * GPUS,
-        "power": [70.0] * GPUS, "sm_clock": [0.0] * GPUS, "mem_clock": [0.0] * GPUS, "throttle": zeros,
-        "ecc_sbe": zeros, "ecc_dbe": zeros, "remap_pending": [False] * GPUS, "remap_failure": [False] * GPUS,
-        "nvlink_crc": zeros, "nvlink_replay": zeros, "nvlink_recovery": zeros, "pcie_replay": zeros,
-        "lost": lost, "xids": [{"gpu": 3, "code": 79}],
-    })
+    return orjson.dumps(gpu_record(node, ts, util=0.0, temp=40.0, power=70.0, sm_clock=0.0, lost=lost,
+                                   xids=[(3, 79)]))
 
 
 async def produce_all(bootstrap: str, items: list[tuple[str, str, bytes]]) -> float:
@@ -166,59 +142,12 @@ async def baseline(bootstrap: str, topics: dict[str, type], total: int) -> float
 # ------------------------------------------------------------------------------ workers
 
 
-@dataclass
-class WorkerProc:
-    proc: subprocess.Popen
-    web_port: int
-    log: Path
-
-    def stats(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/fleetmedic/stats", timeout=5) as r:
-            return json.loads(r.read())
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/fleetmedic/ready", timeout=2) as r:
-                return r.status == 200
-        except Exception:
-            return False
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-
-
-def start_worker(env: dict[str, str], log: Path) -> WorkerProc:
-    port = _free_port()
-    wenv = {**env, "FLEETMEDIC_WORKER__WEB_PORT": str(port)}
-    fh = open(log, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "worker"], cwd=ROOT, env=wenv, stdout=fh,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    return WorkerProc(proc, port, log)
-
-
-def wait_ready(workers: list[WorkerProc], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for w in workers:
-            if w.proc.poll() is not None:
-                raise RuntimeError(f"worker exited ({w.proc.returncode}); see {w.log}")
-        if all(w.ready() for w in workers):
-            return
-        time.sleep(0.3)
-    raise RuntimeError(f"workers not ready within {timeout}s; see {[str(w.log) for w in workers]}")
-
-
 def run_workers(env: dict[str, str], count: int, total: int, logdir: Path, timeout: float) -> dict[str, Any]:
     """Start ``count`` workers on a backlog of ``total`` telemetry records; measure their rate."""
     app = f"fleetmedic-bench-{uuid.uuid4().hex[:6]}"
     wenv = {**env, "FLEETMEDIC_KAFKA__APP_ID": app}
     asyncio.run(ensure_topics(load_settings(environ=wenv)))
-    workers = [start_worker(wenv, logdir / f"{app}-{i}.log") for i in range(count)]
+    workers = [WorkerProcess(wenv, logdir / f"{app}-{i}.log") for i in range(count)]
     try:
         wait_ready(workers)
         idle_rss = [w.stats()["rss_bytes"] for w in workers]
@@ -255,7 +184,7 @@ async def latency_run(bootstrap: str, env: dict[str, str], load: FleetLoad, rate
     env = {**env, "FLEETMEDIC_KAFKA__TOPIC_PREFIX": env["FLEETMEDIC_KAFKA__TOPIC_PREFIX"] + "live."}
     s = load_settings(environ=env)
     await ensure_topics(s)
-    api_port = _free_port()
+    api_port = free_port()
     runner = SimRunner(s, SimConfig(nodes=0, faults="none"), api_port=api_port)
     fault_nodes = [load.nodes[(i * 7919) % len(load.nodes)] for i in range(faults)]
     from .simulator import Node
@@ -267,7 +196,7 @@ async def latency_run(bootstrap: str, env: dict[str, str], load: FleetLoad, rate
     wenv = {**env, "FLEETMEDIC_KAFKA__APP_ID": app, "FLEETMEDIC_ACTUATORS__BACKEND": "sim",
             "FLEETMEDIC_ACTUATORS__SIM_URL": f"http://127.0.0.1:{api_port}"}
     await ensure_topics(load_settings(environ=wenv))
-    worker = start_worker(wenv, logdir / f"{app}.log")
+    worker = WorkerProcess(wenv, logdir / f"{app}.log")
     consumer = AIOKafkaConsumer(s.topic("actions"), s.topic("verdicts"), s.topic("anomalies"),
                                 bootstrap_servers=bootstrap, group_id=None, fetch_max_wait_ms=50,
                                 auto_offset_reset="latest", enable_auto_commit=False)

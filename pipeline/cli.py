@@ -18,23 +18,15 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 from .config import ConfigError, Settings, load_settings
+from .procs import WorkerProcess, free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_SH = ROOT / "deploy" / "kafka.sh"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _settings(args: argparse.Namespace, **overrides: dict) -> Settings:
@@ -74,7 +66,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sim_config(args: argparse.Namespace) -> "SimConfig":
+def _sim_config(args: argparse.Namespace):
     from .simulator import SimConfig
 
     return SimConfig(nodes=args.nodes, speed=args.speed, duration=args.duration, seed=args.seed, faults=args.faults)
@@ -102,21 +94,6 @@ def _kafka(cmd: str, env: dict[str, str]) -> str:
     return lines[-1] if lines else ""
 
 
-def _wait_ready(url: str, timeout: float, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the worker exited with status {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except Exception:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"the worker was not ready within {timeout:.0f}s ({url})")
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     """Kafka + worker + simulator, a live log, and a JSON summary as the last line."""
     _logging("warning")
@@ -131,10 +108,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if not args.keep_data:
             _kafka("reset", env)
         bootstrap = _kafka("start", env)
-    web_port, api_port = _free_port(), args.api_port or _free_port()
+    api_port = args.api_port or free_port()
     overrides = {
         "FLEETMEDIC_KAFKA__BOOTSTRAP": bootstrap,
-        "FLEETMEDIC_WORKER__WEB_PORT": str(web_port),
+        "FLEETMEDIC_WORKER__WEB_PORT": str(free_port()),
         "FLEETMEDIC_WORKER__LOG_LEVEL": "info",
         "FLEETMEDIC_ACTUATORS__BACKEND": "sim",
         "FLEETMEDIC_ACTUATORS__SIM_URL": f"http://127.0.0.1:{api_port}",
@@ -152,27 +129,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     asyncio.run(ensure_topics(s))
     print(f"fleetmedic demo: Kafka at {bootstrap}; worker log in {worker_log}", file=sys.stderr)
     print(f"fleetmedic demo: read verdicts with: kcat -b {bootstrap} -t {s.topic('verdicts')} -C -e", file=sys.stderr)
-    cmd = [sys.executable, "-m", "pipeline", "worker"] + (["--config", args.config] if args.config else [])
-    with open(worker_log, "w") as wlog:
-        proc = subprocess.Popen(cmd, env=wenv, stdout=wlog, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+    worker = WorkerProcess(wenv, worker_log, argv=["--config", args.config] if args.config else [])
     try:
         from .simrun import SimRunner
 
         runner = SimRunner(s, _sim_config(args), api_port=api_port, out=sys.stdout, show_anomalies=not args.no_anomalies)
 
         async def ready() -> None:
-            await asyncio.to_thread(_wait_ready, f"http://127.0.0.1:{web_port}/fleetmedic/ready", 120.0, proc)
+            try:
+                await asyncio.to_thread(wait_ready, [worker], 120.0)
+            except RuntimeError as exc:
+                raise SystemExit(f"fleetmedic demo: {exc}") from None
             print("fleetmedic demo: worker ready; the simulated cluster starts now", file=sys.stderr)
 
         result = asyncio.run(runner.run(ready=ready))
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        worker.stop()
         if not args.bootstrap and not args.keep_running:
             _kafka("stop", env)
     sys.stdout.flush()

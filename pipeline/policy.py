@@ -224,8 +224,7 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings) -> Dec
         if len(jobs) >= cfg.repeat_failure_jobs:
             incident = stable_id("node", node, "repeat", *jobs)
             evidence = {"failed_jobs": jobs, "window_s": cfg.repeat_failure_window_s, "anomalies": []}
-            was_job = h.get("job")
-            h["job"] = n.job if was_job is None else was_job
+            h["job"] = h.get("job") or n.job  # tell the failed job if nothing newer runs here
             return _isolate_node(h, node, n.ts, FaultClass.unknown, evidence, confidence=0.6, incident=incident, hard=True)
         return Decision()
     if n.kind == "diag_started":

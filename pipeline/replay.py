@@ -49,10 +49,8 @@ class LocalPipeline:
             self._flush_gpu(gpu_batch)
             if isinstance(rec, NetworkSample):
                 self._anomalies(self.net.process([rec]))
-            elif isinstance(rec, JobEvent):
-                self._push(rec)
             else:
-                self._push(rec)
+                self._queue.append(rec)
             self._drain()
         self._flush_gpu(gpu_batch)
         self._drain()
@@ -76,10 +74,7 @@ class LocalPipeline:
     def _anomalies(self, anomalies: list[Anomaly]) -> None:
         for a in anomalies:
             self.anomalies.append(a)
-            self._push(a)
-
-    def _push(self, rec: Record) -> None:
-        self._queue.append(rec)
+            self._queue.append(a)
 
     def _advance(self, ts: float) -> None:
         if ts > self.now:
@@ -87,7 +82,7 @@ class LocalPipeline:
         due = sorted((t, j) for j, t in self.ticks.items() if t <= self.now)
         for t, job in due:
             del self.ticks[job]
-            self._push(JobNotice(ts=max(t, 0.0), job=job, node="-", kind="tick", fault_class="unknown", incident="-"))
+            self._queue.append(JobNotice(ts=max(t, 0.0), job=job, node="-", kind="tick", fault_class="unknown", incident="-"))
 
     def _drain(self) -> None:
         while self._queue:

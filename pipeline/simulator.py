@@ -18,7 +18,6 @@ coefficient of variation in Alibaba PAI's mini-batch traces (shared/data/alibaba
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -41,6 +40,31 @@ FAULT_KINDS = ("transient_crash", "nccl_timeout", "user_bug", "xid79", "ecc_dbe"
 HARDWARE_KINDS = frozenset({"xid79", "ecc_dbe", "sbe_rise", "nvlink", "thermal"})
 TRANSIENT_KINDS = frozenset({"transient_crash", "nccl_timeout"})
 DEGRADING_KINDS = frozenset({"sbe_rise", "thermal"})
+
+
+def gpu_record(node: str, ts: float, *, util: Any, temp: Any, power: Any, sm_clock: Any = 1980.0,
+               throttle: Any = 0, ecc_sbe: Any = 0, ecc_dbe: Any = 0, remap_failure: Any = False,
+               nvlink: tuple[Any, Any, Any] = (0, 0, 0), pcie_replay: Any = 0, lost: Any = False,
+               xids: list[tuple[int, int]] | tuple = (), gpus: int = GPUS) -> dict[str, Any]:
+    """One ``telemetry.gpu`` record as JSON-ready data: every field, per-GPU lists.
+
+    A per-GPU field is a sequence (list or array) or one value for every GPU.
+    """
+
+    def per_gpu(v: Any) -> list:
+        if isinstance(v, np.ndarray):
+            return v.tolist()
+        return list(v) if isinstance(v, (list, tuple)) else [v] * gpus
+
+    return {
+        "schema": "gpu/1", "ts": ts, "node": node,
+        "util": per_gpu(util), "temp": per_gpu(temp), "power": per_gpu(power), "sm_clock": per_gpu(sm_clock),
+        "mem_clock": [2619.0] * gpus, "throttle": per_gpu(throttle), "ecc_sbe": per_gpu(ecc_sbe),
+        "ecc_dbe": per_gpu(ecc_dbe), "remap_pending": [False] * gpus, "remap_failure": per_gpu(remap_failure),
+        "nvlink_crc": per_gpu(nvlink[0]), "nvlink_replay": per_gpu(nvlink[1]), "nvlink_recovery": per_gpu(nvlink[2]),
+        "pcie_replay": per_gpu(pcie_replay), "lost": per_gpu(lost),
+        "xids": [{"gpu": g, "code": c} for g, c in xids],
+    }
 
 
 @dataclass
@@ -442,16 +466,11 @@ class Cluster:
         lost = node.lost
         for arr in (util, power, temp):
             arr[lost] = 0.0
-        rec = {
-            "schema": "gpu/1", "node": node.name,
-            "util": np.round(util, 1).tolist(), "temp": np.round(temp, 1).tolist(),
-            "power": np.round(power, 1).tolist(), "sm_clock": sm.tolist(), "mem_clock": [2619.0] * GPUS,
-            "throttle": throttle.tolist(), "ecc_sbe": node.sbe.tolist(), "ecc_dbe": node.dbe.tolist(),
-            "remap_pending": [False] * GPUS, "remap_failure": node.remap_failure.tolist(),
-            "nvlink_crc": node.nvl[0].tolist(), "nvlink_replay": node.nvl[1].tolist(),
-            "nvlink_recovery": node.nvl[2].tolist(), "pcie_replay": node.pcie.tolist(),
-            "lost": lost.tolist(), "xids": [{"gpu": g, "code": c} for g, c in node.xids],
-        }
+        rec = gpu_record(
+            node.name, self.ts(), util=np.round(util, 1), temp=np.round(temp, 1), power=np.round(power, 1),
+            sm_clock=sm, throttle=throttle, ecc_sbe=node.sbe, ecc_dbe=node.dbe, remap_failure=node.remap_failure,
+            nvlink=(node.nvl[0], node.nvl[1], node.nvl[2]), pcie_replay=node.pcie, lost=lost, xids=node.xids,
+        )
         node.xids = []
         self.emit("telemetry.gpu", node.name, rec)
 

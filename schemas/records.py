@@ -11,7 +11,6 @@ hot path works on arrays rather than on one message per metric.
 
 from __future__ import annotations
 
-import math
 from enum import Enum
 from typing import Annotated, Any, Literal
 
@@ -376,7 +375,3 @@ PUBLIC_RECORDS: dict[str, type[Record]] = {
     "action": ActionRecord,
     "deadletter": DeadLetter,
 }
-
-
-def finite(x: float) -> bool:
-    return not (math.isnan(x) or math.isinf(x))

@@ -1,100 +1,58 @@
-"""Fixtures for integration tests that need a real Kafka broker.
+"""Fixtures for integration tests that need the real services.
 
-``kafka_bootstrap`` gives a ``host:port`` string. It uses ``$FLEETMEDIC_BOOTSTRAP``
-when set (an externally managed broker); otherwise it runs
-``deploy/kafka.sh start`` (embedded single-node KRaft broker, jars cached
-outside the repo) and, if this session started the broker, stops it at the end.
+Each service is used from the environment when the test runner already started it
+(``tests/run.sh`` does), or started here by the project's own script and stopped at
+the end of the session if this session started it. A service that cannot start fails
+the tests that need it; it never skips them.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-KAFKA_SH = REPO_ROOT / "deploy" / "kafka.sh"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
-def _kafka_sh(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(KAFKA_SH), *args],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+def _script(name: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(DEPLOY / name), *args], stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def _local_service(script: str, env_var: str, prefix: str = "", start_timeout: float = 900) -> Iterator[str]:
+    """Yield the address the service's ``start`` prints last (less ``prefix``)."""
+    external = os.environ.get(env_var)
+    if external:
+        yield external
+        return
+    already_running = _script(script, "status", timeout=60).returncode == 0
+    started = _script(script, "start", timeout=start_timeout)
+    lines = started.stdout.strip().splitlines()
+    if started.returncode != 0 or not lines or not lines[-1].startswith(prefix):
+        pytest.fail(f"deploy/{script} start failed (rc={started.returncode}):\n{started.stdout}\n{started.stderr}",
+                    pytrace=False)
+    try:
+        yield lines[-1].removeprefix(prefix)
+    finally:
+        if not already_running:
+            _script(script, "stop", timeout=120)
 
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
-    external = os.environ.get("FLEETMEDIC_BOOTSTRAP")
-    if external:
-        yield external
-        return
-    if shutil.which(os.environ.get("JAVA", "java")) is None:
-        pytest.skip("no java on PATH: cannot run the embedded Kafka broker (deploy/kafka.sh)")
-
-    already_running = _kafka_sh("status", timeout=60).returncode == 0
-    started = _kafka_sh("start")
-    if started.returncode != 0:
-        pytest.fail(
-            f"deploy/kafka.sh start failed (rc={started.returncode}):\n"
-            f"{started.stdout}\n{started.stderr}",
-            pytrace=False,
-        )
-    bootstrap = started.stdout.strip().splitlines()[-1]
-    try:
-        yield bootstrap
-    finally:
-        if not already_running:
-            _kafka_sh("stop", timeout=120)
-
-
-SLURM_SH = REPO_ROOT / "deploy" / "slurm.sh"
-
-
-def _slurm_sh(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(SLURM_SH), *args],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    """``host:port`` of a Kafka broker: ``$FLEETMEDIC_BOOTSTRAP`` or ``deploy/kafka.sh``'s embedded KRaft broker."""
+    yield from _local_service("kafka.sh", "FLEETMEDIC_BOOTSTRAP")
 
 
 @pytest.fixture(scope="session")
 def slurm_conf() -> Iterator[str]:
     """Path of the ``slurm.conf`` of a running local Slurm cluster (nodes n1..n4).
 
-    Uses ``$FLEETMEDIC_SLURM_CONF`` when set (an externally managed cluster);
-    otherwise runs ``deploy/slurm.sh start`` (installs slurm-wlm + munge with apt
-    if missing) and, if this session started the cluster, stops it at the end.
-    Pass it to Slurm commands as ``SLURM_CONF`` in their environment.
+    ``$FLEETMEDIC_SLURM_CONF``, or ``deploy/slurm.sh`` (which installs slurm-wlm and
+    munge with apt if missing). Pass it to Slurm commands as ``SLURM_CONF``.
     """
-    external = os.environ.get("FLEETMEDIC_SLURM_CONF")
-    if external:
-        yield external
-        return
-    already_running = _slurm_sh("status", timeout=60).returncode == 0
-    started = _slurm_sh("start")
-    lines = started.stdout.strip().splitlines()
-    if started.returncode != 0 or not lines or not lines[-1].startswith("SLURM_CONF="):
-        pytest.fail(
-            f"deploy/slurm.sh start failed (rc={started.returncode}):\n"
-            f"{started.stdout}\n{started.stderr}",
-            pytrace=False,
-        )
-    conf = lines[-1].removeprefix("SLURM_CONF=")
-    try:
-        yield conf
-    finally:
-        if not already_running:
-            _slurm_sh("stop", timeout=120)
+    yield from _local_service("slurm.sh", "FLEETMEDIC_SLURM_CONF", prefix="SLURM_CONF=")

@@ -8,13 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -25,17 +20,11 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from pipeline.config import Settings, load_settings
-from pipeline.simulator import GPUS, Cluster, Job, Node, SimConfig
+from pipeline.procs import ROOT, WorkerProcess, free_port, wait_ready  # noqa: F401 (ROOT for the tests)
+from pipeline.simulator import GPUS, Cluster, Job, Node, SimConfig, gpu_record
 from pipeline.simrun import SimRunner
 from pipeline.topics import ensure_topics
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class BackgroundLoop:
@@ -104,13 +93,12 @@ class Worker:
 
     def __init__(self, bootstrap: str, *, sim_url: str, env: dict[str, str] | None = None) -> None:
         tag = uuid.uuid4().hex[:8]
-        self.web_port = free_port()
         self.env = {
             **os.environ,
             "FLEETMEDIC_KAFKA__BOOTSTRAP": bootstrap,
             "FLEETMEDIC_KAFKA__TOPIC_PREFIX": f"it{tag}.",
             "FLEETMEDIC_KAFKA__APP_ID": f"fleetmedic-it-{tag}",
-            "FLEETMEDIC_WORKER__WEB_PORT": str(self.web_port),
+            "FLEETMEDIC_WORKER__WEB_PORT": str(free_port()),
             "FLEETMEDIC_WORKER__LOG_LEVEL": "info",
             "FLEETMEDIC_ACTUATORS__BACKEND": "sim",
             "FLEETMEDIC_ACTUATORS__SIM_URL": sim_url,
@@ -119,52 +107,30 @@ class Worker:
         }
         self.settings = load_settings(environ=self.env)
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fleetmedic-worker-{tag}.log"
-        self.proc: subprocess.Popen | None = None
+        self.proc: WorkerProcess | None = None
 
     def start(self, timeout: float = 90) -> "Worker":
         asyncio.run(ensure_topics(self.settings))
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "worker"], cwd=ROOT, env=self.env,
-                                     stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if self.ready():
-                return self
-            time.sleep(0.5)
-        raise RuntimeError(f"worker not ready within {timeout}s:\n{self.log_tail()}")
+        self.proc = WorkerProcess(self.env, self.log_path)
+        wait_ready([self.proc], timeout)
+        return self
 
     def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/fleetmedic/ready", timeout=2) as r:
-                return r.status == 200
-        except Exception:
-            return False
+        return self.proc is not None and self.proc.ready()
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.proc is not None and self.proc.alive()
 
     def stats(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/fleetmedic/stats", timeout=5) as r:
-            return orjson.loads(r.read())
+        assert self.proc is not None
+        return self.proc.stats()
 
     def log_tail(self, n: int = 60) -> str:
-        try:
-            return "".join(self.log_path.read_text().splitlines(True)[-n:])
-        except OSError:
-            return ""
+        return self.proc.log_tail(n) if self.proc is not None else ""
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        if getattr(self, "_log", None):
-            self._log.close()
+        if self.proc is not None:
+            self.proc.stop()
 
     def topic(self, short: str) -> str:
         return self.settings.topic(short)
@@ -177,18 +143,9 @@ def gpu_sample(node: str, ts: float, *, sbe: list[int] | None = None, dbe: list[
                lost: list[bool] | None = None, xids: list[tuple[int, int]] | None = None,
                busy: bool = True, rng: np.random.Generator | None = None) -> dict[str, Any]:
     r = rng or np.random.default_rng(int(ts) % 1000)
-    return {
-        "schema": "gpu/1", "ts": ts, "node": node,
-        "util": np.round(r.normal(96 if busy else 1, 1.5, GPUS).clip(0, 100), 1).tolist(),
-        "temp": np.round(r.normal(66, 1.5, GPUS), 1).tolist(),
-        "power": np.round(r.normal(650, 10, GPUS), 1).tolist(),
-        "sm_clock": [1980.0] * GPUS, "mem_clock": [2619.0] * GPUS, "throttle": [0] * GPUS,
-        "ecc_sbe": sbe or [0] * GPUS, "ecc_dbe": dbe or [0] * GPUS,
-        "remap_pending": [False] * GPUS, "remap_failure": [False] * GPUS,
-        "nvlink_crc": [0] * GPUS, "nvlink_replay": [0] * GPUS, "nvlink_recovery": [0] * GPUS,
-        "pcie_replay": [0] * GPUS, "lost": lost or [False] * GPUS,
-        "xids": [{"gpu": g, "code": c} for g, c in (xids or [])],
-    }
+    return gpu_record(node, ts, util=np.round(r.normal(96 if busy else 1, 1.5, GPUS).clip(0, 100), 1),
+                      temp=np.round(r.normal(66, 1.5, GPUS), 1), power=np.round(r.normal(650, 10, GPUS), 1),
+                      ecc_sbe=sbe or 0, ecc_dbe=dbe or 0, lost=lost or False, xids=xids or ())
 
 
 def job_event(job: str, event: str, ts: float, nodes: list[str], attempt: int = 1, **extra: Any) -> dict[str, Any]:

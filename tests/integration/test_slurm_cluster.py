@@ -10,52 +10,17 @@ Also pins what the build offers for machine-readable output (``squeue/sinfo --js
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
+from .slurm_helpers import job, sh, wait_for
+
 pytestmark = pytest.mark.integration
 
-T = TypeVar("T")
 USABLE = {"idle", "mix", "alloc"}
-
-
-def sh(conf: str, *argv: str, check: bool = True, cwd: Path | None = None) -> str:
-    res = subprocess.run(
-        argv,
-        env={**os.environ, "SLURM_CONF": conf},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=cwd,
-    )
-    if check and res.returncode != 0:
-        raise AssertionError(f"{' '.join(argv)} failed (rc={res.returncode}):\n{res.stdout}\n{res.stderr}")
-    return res.stdout
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60, every: float = 0.3) -> T:
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
-
-def job(conf: str, jid: str) -> dict[str, str]:
-    line = sh(conf, "scontrol", "show", "job", jid, "-o").strip()
-    return dict(re.findall(r"(\w[\w:/]*)=(\S*)", line))
 
 
 def hostnames(conf: str, hostlist: str) -> list[str]:

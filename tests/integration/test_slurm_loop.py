@@ -8,7 +8,6 @@ is written to Kafka by the test, since these nodes have no GPUs.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -17,6 +16,9 @@ from pathlib import Path
 import pytest
 
 from .harness import ROOT, Worker, collect, gpu_sample, produce
+
+from .slurm_helpers import job as slurm_job
+from .slurm_helpers import sh, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -29,31 +31,6 @@ exit 1
 """
 
 
-def sh(slurm_conf: str, *argv: str, check: bool = True) -> str:
-    res = subprocess.run(argv, env={**os.environ, "SLURM_CONF": slurm_conf}, capture_output=True, text=True,
-                         timeout=30, stdin=subprocess.DEVNULL)
-    if check and res.returncode != 0:
-        raise AssertionError(f"{' '.join(argv)} failed: {res.stderr or res.stdout}")
-    return res.stdout
-
-
-def job_info(slurm_conf: str, jid: str) -> dict[str, str]:
-    from actuators.slurm import parse_oneliner
-
-    return parse_oneliner(sh(slurm_conf, "scontrol", "show", "job", jid, "-o").strip().splitlines()[0])
-
-
-def wait_for(pred, timeout: float, what: str, step: float = 0.3):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-
-
 def reset_cluster(slurm_conf: str) -> None:
     """No jobs, every node in service, no fleetmedic reservation: each test starts clean."""
     sh(slurm_conf, "scancel", "--user=root", check=False)
@@ -63,7 +40,7 @@ def reset_cluster(slurm_conf: str) -> None:
             sh(slurm_conf, "scontrol", "delete", f"ReservationName={name}", check=False)
     for n in ("n1", "n2", "n3", "n4"):
         sh(slurm_conf, "scontrol", "update", f"NodeName={n}", "State=RESUME", check=False)
-    wait_for(lambda: set(sh(slurm_conf, "sinfo", "-h", "-o", "%T").split()) <= {"idle"}, 30, "all nodes idle")
+    wait_for("all nodes idle", lambda: set(sh(slurm_conf, "sinfo", "-h", "-o", "%T").split()) <= {"idle"}, 30)
 
 
 @pytest.fixture(autouse=True)
@@ -110,14 +87,14 @@ def submit(slurm_conf: str, work: Path, name: str) -> tuple[str, Path]:
 def running_nodes(slurm_conf: str, jid: str) -> list[str] | None:
     from actuators.slurm import expand_hostlist
 
-    info = job_info(slurm_conf, jid)
+    info = slurm_job(slurm_conf, jid)
     return expand_hostlist(info["NodeList"]) if info.get("JobState") == "RUNNING" else None
 
 
 def test_xid79_requeues_job_without_node_drains_it_and_resumes_it_after_diagnostics(slurm_loop):
     bootstrap, worker, conf, work, diag_gate = slurm_loop
     jid, crash = submit(conf, work, "xid")
-    nodes = wait_for(lambda: running_nodes(conf, jid), 30, "the job to run")
+    nodes = wait_for("the job to run", lambda: running_nodes(conf, jid), 30)
     bad = sorted(nodes)[1]
     job = f"slurm-{jid}"
     # the watcher has seen the job start before the GPU falls off the bus
@@ -137,10 +114,10 @@ def test_xid79_requeues_job_without_node_drains_it_and_resumes_it_after_diagnost
     assert [a["action"] for a in nv["actions"]] == ["isolate", "drain", "diagnose"]
 
     # the job runs again, elsewhere, with the bad node excluded
-    new_nodes = wait_for(lambda: (job_info(conf, jid).get("Restarts") == "1" and running_nodes(conf, jid)), 60,
-                         "the requeued job to run again")
+    new_nodes = wait_for("the requeued job to run again",
+                         lambda: slurm_job(conf, jid).get("Restarts") == "1" and running_nodes(conf, jid), 60)
     assert bad not in new_nodes
-    assert bad in job_info(conf, jid)["ExcNodeList"]
+    assert bad in slurm_job(conf, jid)["ExcNodeList"]
 
     # the node is drained with a reason that names the verdict while diagnostics run
     def drained_reason():
@@ -150,7 +127,7 @@ def test_xid79_requeues_job_without_node_drains_it_and_resumes_it_after_diagnost
                 return reason
         return None
 
-    reason = wait_for(drained_reason, 30, f"{bad} to show as drained")
+    reason = wait_for(f"{bad} to show as drained", drained_reason, 30)
     assert reason.startswith("fleetmedic ") and nv["id"] in reason
     state = sh(conf, "sinfo", "-h", "-n", bad, "-o", "%T").strip()
     assert state.startswith("drain"), state
@@ -160,8 +137,8 @@ def test_xid79_requeues_job_without_node_drains_it_and_resumes_it_after_diagnost
     verdicts = collect(bootstrap, worker.topic("verdicts"),
                        lambda rs: any(v["subject"] == bad and v["actions"][0]["action"] == "return" for v in rs),
                        timeout=60)
-    wait_for(lambda: sh(conf, "sinfo", "-h", "-n", bad, "-o", "%T").strip() in ("idle", "mixed", "allocated"), 30,
-             f"{bad} to be back in service")
+    wait_for(f"{bad} to be back in service",
+             lambda: sh(conf, "sinfo", "-h", "-n", bad, "-o", "%T").strip() in ("idle", "mixed", "allocated"), 30)
     actions = collect(bootstrap, worker.topic("actions"),
                       lambda rs: any(a["target"] == bad and a["action"] == "return" for a in rs), timeout=30)
     ret = [a for a in actions if a["target"] == bad and a["action"] == "return"]
@@ -173,7 +150,7 @@ def test_transient_failure_is_requeued_and_no_node_is_drained(slurm_loop):
     bootstrap, worker, conf, work, _ = slurm_loop
     since = time.time()
     jid, crash = submit(conf, work, "nccl")
-    nodes = wait_for(lambda: running_nodes(conf, jid), 30, "the job to run")
+    nodes = wait_for("the job to run", lambda: running_nodes(conf, jid), 30)
     job = f"slurm-{jid}"
     collect(bootstrap, worker.topic("telemetry.job"),
             lambda rs: any(r["job"] == job and r["event"] == "started" for r in rs), timeout=30)
@@ -183,8 +160,8 @@ def test_transient_failure_is_requeued_and_no_node_is_drained(slurm_loop):
     jv = next(v for v in verdicts if v["subject"] == job)
     assert jv["fault_class"] == "transient_software"
     assert jv["actions"][0]["action"] == "retry"
-    wait_for(lambda: job_info(conf, jid).get("Restarts") == "1" and running_nodes(conf, jid), 60,
-             "the job to run again")
+    wait_for("the job to run again",
+             lambda: slurm_job(conf, jid).get("Restarts") == "1" and running_nodes(conf, jid), 60)
     drained = [ln for ln in sh(conf, "sinfo", "-h", "-R", "-o", "%N|%E").splitlines()
                if ln.split("|")[0].strip() in nodes]
     assert drained == []
@@ -233,7 +210,7 @@ def test_same_scenario_gives_the_same_verdicts_with_the_kubernetes_and_the_slurm
     jids = [sh(slurm_conf, "sbatch", "--parsable", "--requeue", "-N", "2", "--output=/dev/null", str(script))
             .strip().split(";")[0] for _ in range(2)]
     job, other = (f"slurm-{j}" for j in jids)
-    wait_for(lambda: all(running_nodes(slurm_conf, j) for j in jids), 30, "both jobs to run")
+    wait_for("both jobs to run", lambda: all(running_nodes(slurm_conf, j) for j in jids), 30)
 
     settings = load_settings(environ={})
     runs = {}

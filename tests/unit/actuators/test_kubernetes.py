@@ -141,6 +141,14 @@ class _FakeApi:
         if self.failures[method]:
             raise self.failures[method].pop(0)
 
+    def _created(self, method: str, namespace: str, body: Any, model: type, **kwargs: Any) -> dict[str, Any]:
+        """The checked document of a create call's body (the call logged as any other)."""
+        self._enter(method, namespace, body, **kwargs)
+        assert isinstance(body, model)
+        doc = _SERIALIZER.sanitize_for_serialization(body)
+        _checked(doc, model)
+        return doc
+
     def _bump(self, doc: dict[str, Any]) -> None:
         self._rv += 1
         doc.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
@@ -311,10 +319,7 @@ class FakeCoreV1Api(_FakeApi):
         return V1Pod.from_dict(copy.deepcopy(doc))
 
     def create_namespaced_event(self, namespace: str, body: Any, **kwargs: Any) -> CoreV1Event:
-        self._enter("create_namespaced_event", namespace, body, **kwargs)
-        assert isinstance(body, CoreV1Event)
-        doc = _SERIALIZER.sanitize_for_serialization(body)
-        _checked(doc, CoreV1Event)
+        doc = self._created("create_namespaced_event", namespace, body, CoreV1Event, **kwargs)
         name = doc["metadata"]["name"]
         if doc["metadata"].get("namespace", namespace) != namespace:
             raise api_error(400, "the namespace of the object does not match the namespace on the request")
@@ -370,10 +375,7 @@ class FakeBatchV1Api(_FakeApi):
         return V1Job.from_dict(copy.deepcopy(self._job_doc(namespace, name)))
 
     def create_namespaced_job(self, namespace: str, body: Any, **kwargs: Any) -> V1Job:
-        self._enter("create_namespaced_job", namespace, body, **kwargs)
-        assert isinstance(body, V1Job)
-        doc = _SERIALIZER.sanitize_for_serialization(body)
-        _checked(doc, V1Job)
+        doc = self._created("create_namespaced_job", namespace, body, V1Job, **kwargs)
         name = doc["metadata"]["name"]
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 63:
             raise api_error(422, f"Job.batch {name!r} is invalid: metadata.name")

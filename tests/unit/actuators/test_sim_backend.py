@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -11,6 +10,7 @@ import pytest_asyncio
 from actuators.base import ActionRequest, PermanentError, TemporaryError
 from actuators.sim import SimBackend
 from pipeline.config import load_settings
+from pipeline.procs import free_port
 from pipeline.simrun import SimRunner
 from pipeline.simulator import SimConfig
 from schemas import ActionName, Outcome
@@ -18,15 +18,9 @@ from schemas import ActionName, Outcome
 pytestmark = pytest.mark.asyncio
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest_asyncio.fixture
 async def sim() -> AsyncIterator[tuple[SimRunner, SimBackend]]:
-    port = _free_port()
+    port = free_port()
     runner = SimRunner(load_settings(environ={}), SimConfig(nodes=4, faults="none"), api_port=port)
     await runner.start_api()
     backend = SimBackend(f"http://127.0.0.1:{port}/", timeout=5.0)
@@ -64,7 +58,7 @@ async def test_acting_on_an_unknown_node_is_a_permanent_error(sim) -> None:
 
 
 async def test_an_unreachable_simulator_is_a_temporary_error() -> None:
-    backend = SimBackend(f"http://127.0.0.1:{_free_port()}", timeout=2.0)
+    backend = SimBackend(f"http://127.0.0.1:{free_port()}", timeout=2.0)
     try:
         with pytest.raises(TemporaryError, match="unreachable"):
             await backend.apply(ActionRequest("v-1", ActionName.isolate, "node-0001"))

@@ -1,0 +1,86 @@
+"""Worker processes run by the demo, the benchmark and the integration tests.
+
+One place for starting ``python -m pipeline worker`` with its own web port, waiting
+until it is ready (its consumers have partitions), reading its counters, and stopping it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class WorkerProcess:
+    """``python -m pipeline worker`` in its own session, its output in ``log``."""
+
+    def __init__(self, env: dict[str, str], log: Path, *, argv: Sequence[str] = ()) -> None:
+        self.web_port = int(env.get("FLEETMEDIC_WORKER__WEB_PORT") or free_port())
+        self.env = {**env, "FLEETMEDIC_WORKER__WEB_PORT": str(self.web_port)}
+        self.log = Path(log)
+        self._out: TextIO = open(self.log, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", *argv, "worker"], cwd=ROOT, env=self.env,
+                                     stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+
+    def _get(self, path: str, timeout: float) -> Any:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}{path}", timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def ready(self) -> bool:
+        try:
+            return bool(self._get("/fleetmedic/ready", 2).get("ready"))
+        except Exception:  # not listening yet, or 503 while partitions are assigned
+            return False
+
+    def stats(self) -> dict[str, Any]:
+        return self._get("/fleetmedic/stats", 5)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "".join(self.log.read_text().splitlines(True)[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._out.close()
+
+
+def wait_ready(workers: Sequence[WorkerProcess], timeout: float = 120) -> None:
+    """Block until every worker answers ready; fail early when one exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for w in workers:
+            if not w.alive():
+                raise RuntimeError(f"worker exited with {w.proc.returncode}; its log ({w.log}) ends:\n{w.log_tail()}")
+        if all(w.ready() for w in workers):
+            return
+        time.sleep(0.3)
+    raise RuntimeError(f"worker not ready within {timeout:.0f}s; logs: {', '.join(str(w.log) for w in workers)}")

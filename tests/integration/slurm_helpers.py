@@ -1,0 +1,40 @@
+"""Talking to the local Slurm cluster from tests: commands, job records, waiting."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from actuators.slurm import parse_oneliner
+
+T = TypeVar("T")
+
+
+def sh(conf: str, *argv: str, check: bool = True, cwd: Path | None = None) -> str:
+    """Run a Slurm command against the cluster of ``conf``; its stdout."""
+    res = subprocess.run(argv, env={**os.environ, "SLURM_CONF": conf}, capture_output=True, text=True, timeout=60,
+                         check=False, cwd=cwd, stdin=subprocess.DEVNULL)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} failed (rc={res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return res.stdout
+
+
+def job(conf: str, jid: str) -> dict[str, str]:
+    """The controller's record of a job (``scontrol show job -o``), parsed as the backend parses it."""
+    return parse_oneliner(sh(conf, "scontrol", "show", "job", jid, "-o").strip().splitlines()[0])
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60, every: float = 0.3) -> T:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
