@@ -318,6 +318,7 @@ class KubernetesBackend:
         *,
         retries: int = 3,
         backoff_factor: float = 0.5,
+        impersonate: str | None = None,
         **options: Any,
     ) -> KubernetesBackend:
         """Build a backend from a kubeconfig file or, inside a pod, the service account.
@@ -327,6 +328,8 @@ class KubernetesBackend:
         cover connection and read failures only (``retries`` attempts, exponential
         ``backoff_factor``; reads are retried for idempotent methods only); HTTP status
         codes are left to :mod:`actuators.retry` through the typed errors.
+        ``impersonate`` acts as that user (``Impersonate-User``, like ``kubectl --as``),
+        for example the service account whose RBAC the deployment grants.
         """
         config = kubernetes.client.Configuration()
         if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -339,6 +342,8 @@ class KubernetesBackend:
             total=retries, connect=retries, read=retries, status=0, other=0, backoff_factor=backoff_factor
         )
         api = kubernetes.client.ApiClient(config)
+        if impersonate:
+            api.set_default_header("Impersonate-User", impersonate)
         backend = cls(kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api), **options)
         backend._owned_client = api
         return backend
@@ -688,7 +693,9 @@ class KubernetesBackend:
             spec=V1JobSpec(
                 backoff_limit=0,
                 active_deadline_seconds=self.diag_deadline_s,
-                template=V1PodTemplateSpec(metadata=V1ObjectMeta(labels=dict(labels)), spec=pod_spec),
+                template=V1PodTemplateSpec(
+                    metadata=V1ObjectMeta(labels=dict(labels), annotations=dict(annotations)), spec=pod_spec
+                ),
             ),
         )
 

@@ -61,7 +61,11 @@ def _backend(name: str, s: Settings):
     if name == "kubernetes":
         from actuators.kubernetes import KubernetesBackend
 
-        return KubernetesBackend.from_config(a.kubeconfig, context=a.kube_context)
+        return KubernetesBackend.from_config(
+            a.kubeconfig, context=a.kube_context, impersonate=a.kube_as,
+            namespace=a.kube_diag_namespace, job_namespace=a.kube_job_namespace,
+            diag_image=a.kube_diag_image, diag_command=a.kube_diag_command, taint_key=a.kube_taint_key,
+        )
     if name == "slurm":
         from actuators.slurm import SlurmBackend
 

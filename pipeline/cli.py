@@ -4,6 +4,7 @@
     fleetmedic simulate    run a simulated GPU cluster that streams telemetry and obeys actions
     fleetmedic demo        start Kafka, a worker and the simulator; print a live log and a JSON summary
     fleetmedic watch-slurm publish a Slurm controller's job state changes on telemetry.job
+    fleetmedic watch-k8s   publish a Kubernetes cluster's pod and Job failures on telemetry.job
     fleetmedic bench       throughput, latency, scale-out and memory against a baseline consumer
     fleetmedic topics      create fleetmedic's topics on a broker
     fleetmedic schemas     write the JSON Schema files of every record
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from .config import ConfigError, Settings, load_settings
@@ -153,40 +156,61 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok or not args.check else 1
 
 
+async def _publish_job_events(s: Settings, name: str, run: Callable[..., Awaitable[None]]) -> None:
+    """Run a job watcher (``run(emit, stop=...)``) and publish its events on telemetry.job
+    until SIGTERM or SIGINT."""
+    from aiokafka import AIOKafkaProducer
+
+    from .topics import ensure_topics
+
+    await ensure_topics(s)
+    producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap, acks="all")
+    await producer.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    topic = s.topic("telemetry.job")
+    logger = logging.getLogger(f"fleetmedic.{name}")
+
+    async def emit(ev) -> None:
+        logger.info("%s %s attempt %d on %s%s", ev.job, ev.event.value, ev.attempt, ",".join(ev.nodes),
+                    f" (diagnostics of {ev.diagnostics_for})" if ev.diagnostics_for else "")
+        await producer.send_and_wait(topic, key=ev.job.encode(), value=ev.to_json())
+
+    try:
+        await run(emit, stop=stop)
+    finally:
+        await producer.stop()
+
+
 def cmd_watch_slurm(args: argparse.Namespace) -> int:
     """Poll a Slurm controller and publish its job state changes on telemetry.job."""
     s = _settings(args)
     _logging(s.worker.log_level)
-    from aiokafka import AIOKafkaProducer
-
     from actuators.slurm import SlurmBackend
 
     from .slurm_watch import SlurmJobWatcher
-    from .topics import ensure_topics
 
-    async def main() -> None:
-        await ensure_topics(s)
-        backend = SlurmBackend(slurm_conf=args.slurm_conf or s.actuators.slurm_conf)
-        watcher = SlurmJobWatcher(backend)
-        producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap, acks="all")
-        await producer.start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        topic = s.topic("telemetry.job")
+    watcher = SlurmJobWatcher(SlurmBackend(slurm_conf=args.slurm_conf or s.actuators.slurm_conf))
+    asyncio.run(_publish_job_events(s, "slurm", functools.partial(watcher.run, interval=args.interval)))
+    return 0
 
-        async def emit(ev) -> None:
-            logging.getLogger("fleetmedic.slurm").info("%s %s attempt %d on %s", ev.job, ev.event.value,
-                                                       ev.attempt, ",".join(ev.nodes))
-            await producer.send_and_wait(topic, key=ev.job.encode(), value=ev.to_json())
 
-        try:
-            await watcher.run(emit, interval=args.interval, stop=stop)
-        finally:
-            await producer.stop()
+def cmd_watch_k8s(args: argparse.Namespace) -> int:
+    """Watch a Kubernetes cluster's pods and Jobs and publish job events on telemetry.job."""
+    s = _settings(args)
+    _logging(s.worker.log_level)
+    from actuators.kubernetes import KubernetesBackend
 
-    asyncio.run(main())
+    from .k8s_watch import KubernetesJobWatcher
+
+    a = s.actuators
+    backend = KubernetesBackend.from_config(args.kubeconfig or a.kubeconfig, context=a.kube_context,
+                                            impersonate=a.kube_as)
+    watcher = KubernetesJobWatcher(backend.core, backend.batch, namespace=args.namespace,
+                                   timeout_s=args.watch_timeout)
+    asyncio.run(_publish_job_events(s, "kubernetes", watcher.run))
     return 0
 
 
@@ -286,6 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--slurm-conf", help="path of slurm.conf (default: actuators.slurm_conf or $SLURM_CONF)")
     sp.add_argument("--interval", type=float, default=2.0, help="seconds between polls (default 2)")
     sp.set_defaults(func=cmd_watch_slurm)
+
+    sp = sub.add_parser("watch-k8s", help="publish a Kubernetes cluster's pod and Job failures on telemetry.job")
+    sp.add_argument("--kubeconfig", help="kubeconfig file (default: actuators.kubeconfig, in-cluster, ~/.kube/config)")
+    sp.add_argument("--namespace", help="watch one namespace only (default: all)")
+    sp.add_argument("--watch-timeout", type=int, default=300,
+                    help="seconds before the server ends a watch; it resumes from the last resource version (default 300)")
+    sp.set_defaults(func=cmd_watch_k8s)
 
     sp = sub.add_parser("bench", help="measure throughput, latency, scale-out and memory (writes JSON)")
     sp.add_argument("--nodes", type=int, default=10000, help="fleet size (default 10000 nodes x 8 GPUs)")

@@ -109,8 +109,18 @@ class ActuatorSettings(_Section):
     slurm_conf: str | None = Field(None, description="SLURM_CONF for scontrol/sbatch (default: the environment's)")
     slurm_diag_command: str = Field("dcgmi diag -r 2", description="command of Slurm diagnostics jobs")
     sim_url: str = Field("http://127.0.0.1:7070", description="simulated cluster API")
-    kubeconfig: str | None = None
+    kubeconfig: str | None = Field(None, description="kubeconfig file (default: in-cluster service account, else ~/.kube/config)")
     kube_context: str | None = None
+    kube_as: str | None = Field(
+        None, description="act as this user, e.g. system:serviceaccount:fleetmedic:fleetmedic (Impersonate-User)"
+    )
+    kube_diag_namespace: str = Field("fleetmedic-diag", min_length=1, description="namespace of diagnostics Jobs")
+    kube_job_namespace: str = Field("default", min_length=1, description="namespace of workloads named without one")
+    kube_diag_image: str = Field(
+        "nvcr.io/nvidia/cloud-native/dcgm:3.3.5-1-ubuntu22.04", min_length=1, description="image of diagnostics Jobs"
+    )
+    kube_diag_command: list[str] = Field(["dcgmi", "diag", "-r", "2"], min_length=1)
+    kube_taint_key: str = Field("fleetmedic.dev/quarantine", min_length=1, description="key of the quarantine taint")
     webhook_url: str | None = Field(None, description="alerts (escalations, held isolations) go here")
     webhook_secret: str | None = None
     max_attempts: int = Field(6, ge=1, le=100)

@@ -56,3 +56,26 @@ def slurm_conf() -> Iterator[str]:
     munge with apt if missing). Pass it to Slurm commands as ``SLURM_CONF``.
     """
     yield from _local_service("slurm.sh", "FLEETMEDIC_SLURM_CONF", prefix="SLURM_CONF=")
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> Iterator[str]:
+    """Admin kubeconfig of a running local control plane (etcd, kube-apiserver,
+    kube-controller-manager, kube-scheduler; no kubelet).
+
+    ``$FLEETMEDIC_KUBECONFIG``, or ``deploy/k8s.sh`` (which builds the control plane from
+    the Go module proxy on first use and caches it).
+    """
+    yield from _local_service("k8s.sh", "FLEETMEDIC_KUBECONFIG", prefix="KUBECONFIG=", start_timeout=3600)
+
+
+@pytest.fixture(scope="session")
+def k8s_deployed(kubeconfig: str) -> str:
+    """The control plane with deploy/kubernetes' namespaces, ServiceAccounts, RBAC and
+    config applied for real; yields the admin kubeconfig."""
+    from .k8s_helpers import DEPLOY_K8S, Cluster
+
+    c = Cluster(kubeconfig)
+    for name in ("namespace.yaml", "rbac.yaml", "config.yaml"):
+        c.apply_manifest(DEPLOY_K8S / name)
+    return kubeconfig
