@@ -19,6 +19,9 @@ Job actions (target ``"<namespace>/<name>"`` or ``"<name>"`` in the job namespac
     ``retry`` / ``restart``  delete the workload's failed pods (same placement allowed).
     ``stop``     suspend the batch Job.
 
+Every action that changes something also writes a Kubernetes Event (``Fleetmedic<Action>``)
+on the node, or on the batch Job for job actions, naming the verdict.
+
 What fleetmedic changed on a node is written on the node itself (annotations), so a
 restarted worker knows whether a cordon is its own: a node that a human cordoned keeps
 its cordon when fleetmedic returns it.
@@ -458,16 +461,28 @@ class KubernetesBackend:
     async def _node_event(
         self, node: V1Node, request: ActionRequest, reason: str, message: str, kind: str = "Warning"
     ) -> None:
-        """Record an Event on the node; a failure is logged, never raised.
+        """Record an Event on the node (see :meth:`_event`)."""
+        ref = V1ObjectReference(api_version="v1", kind="Node", name=node.metadata.name, uid=node.metadata.uid)
+        await self._event(ref, self.event_namespace, request, reason, message, kind)
+
+    async def _job_event(self, namespace: str, name: str, request: ActionRequest, reason: str, message: str) -> None:
+        """Record an Event on a workload's batch Job (see :meth:`_event`)."""
+        ref = V1ObjectReference(api_version="batch/v1", kind="Job", name=name, namespace=namespace)
+        await self._event(ref, namespace, request, reason, message, "Normal")
+
+    async def _event(
+        self, ref: V1ObjectReference, namespace: str, request: ActionRequest, reason: str, message: str, kind: str
+    ) -> None:
+        """Record an Event about ``ref``; a failure is logged, never raised.
 
         The Event's name derives from the idempotency key, so a replay finds it
         already there (409, ignored).
         """
-        name = node.metadata.name
+        name = ref.name
         now = self.clock().astimezone(timezone.utc).replace(microsecond=0)
         event = CoreV1Event(
-            metadata=V1ObjectMeta(name=f"{name[:200]}.{_digest(request.key, 16)}", namespace=self.event_namespace),
-            involved_object=V1ObjectReference(api_version="v1", kind="Node", name=name, uid=node.metadata.uid),
+            metadata=V1ObjectMeta(name=f"{name[:200]}.{_digest(request.key, 16)}", namespace=namespace),
+            involved_object=ref,
             reason=reason,
             message=message[:1024],
             type=kind,
@@ -478,15 +493,15 @@ class KubernetesBackend:
         )
         try:
             await self._call(
-                f"create event {reason} for node {name}",
+                f"create event {reason} for {ref.kind.lower()} {name}",
                 self.core.create_namespaced_event,
-                self.event_namespace,
+                namespace,
                 event,
                 field_manager=self.field_manager,
                 tolerate=(409,),
             )
         except ActuatorError as exc:
-            log.warning("event %s for node %s not recorded: %s", reason, name, exc)
+            log.warning("event %s for %s %s not recorded: %s", reason, ref.kind.lower(), name, exc)
 
     def _taint_value(self, request: ActionRequest) -> str:
         raw = request.params.get("fault_class") or request.params.get("reason") or "suspect"
@@ -651,7 +666,9 @@ class KubernetesBackend:
                 + (f"; done so far: {', '.join(done)}" if done else ""),
                 delay=max(delays) if delays else None,
             )
-        return ActionResult(Outcome.applied, f"node {name}: {', '.join(done)} ({skipped} pods skipped)")
+        detail = f"node {name}: {', '.join(done)} ({skipped} pods skipped)"
+        await self._node_event(view.node, request, "FleetmedicDrain", f"verdict {request.verdict_id}: {detail}", "Normal")
+        return ActionResult(Outcome.applied, detail)
 
     def _diagnostics_job(self, node: str, request: ActionRequest, job_name: str) -> V1Job:
         gpus = int(request.params.get("gpus", self.diag_gpus))
@@ -726,7 +743,7 @@ class KubernetesBackend:
         re-reads and checks ownership.
         """
         node = request.target
-        await self._read_node(node)
+        node_obj = await self._read_node(node)
         job_name = diagnostics_job_name(node, request.verdict_id)
         what = f"job {self.namespace}/{job_name}"
         existing = await self._call(
@@ -743,7 +760,10 @@ class KubernetesBackend:
                 tolerate=(409,),
             )
             if created is not None:
-                return ActionResult(Outcome.applied, f"created diagnostics {what} on node {node}")
+                detail = f"created diagnostics {what} on node {node}"
+                await self._node_event(node_obj, request, "FleetmedicDiagnose", f"verdict {request.verdict_id}: {detail}",
+                                       "Normal")
+                return ActionResult(Outcome.applied, detail)
             existing = await self._call(f"read {what}", self.batch.read_namespaced_job, job_name, self.namespace)
             assert existing is not None
         self._check_owned(existing, node, request)
@@ -810,7 +830,10 @@ class KubernetesBackend:
             )
         listed = ", ".join(f"{pod.metadata.name} ({why})" for pod, why in doomed[:10])
         more = f" and {len(doomed) - 10} more" if len(doomed) > 10 else ""
-        return ActionResult(Outcome.applied, f"job {namespace}/{name}: deleted {len(doomed)} pods: {listed}{more}")
+        detail = f"job {namespace}/{name}: deleted {len(doomed)} pods: {listed}{more}"
+        reason = "FleetmedicRequeue" if request.action is ActionName.requeue else "FleetmedicRetry"
+        await self._job_event(namespace, name, request, reason, f"verdict {request.verdict_id}: {detail}")
+        return ActionResult(Outcome.applied, detail)
 
     async def requeue(self, request: ActionRequest) -> ActionResult:
         """Move a workload off suspect nodes: delete its failed pods and its pods on
@@ -850,6 +873,8 @@ class KubernetesBackend:
             field_manager=self.field_manager,
             _content_type="application/strategic-merge-patch+json",
         )
+        await self._job_event(namespace, name, request, "FleetmedicStop",
+                              f"verdict {request.verdict_id}: suspended ({request.reason or 'repeating failure'})")
         return ActionResult(Outcome.applied, f"job {namespace}/{name} suspended")
 
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Runs the whole suite: starts the embedded Kafka broker in a private state dir, runs
-# the layer contracts, unit and integration tests, and stops the broker afterwards.
+# Runs the whole suite: starts the embedded Kafka broker, the local Slurm cluster and the
+# local Kubernetes control plane in a private state dir, runs the layer contracts, unit
+# and integration tests, and stops every service afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export FLEETMEDIC_STATE=${FLEETMEDIC_TEST_STATE:-${TMPDIR:-/tmp}/fleetmedic-test-$$}
 # shellcheck disable=SC2317  # called by the EXIT trap
 cleanup() {
+  bash deploy/k8s.sh stop >/dev/null 2>&1 || true
   bash deploy/slurm.sh stop >/dev/null 2>&1 || true
   bash deploy/kafka.sh stop >/dev/null 2>&1 || true
   rm -rf "$FLEETMEDIC_STATE"
@@ -22,6 +24,11 @@ echo "== starting Slurm (slurmctld + 4 slurmd on loopback; installs slurm-wlm an
 FLEETMEDIC_SLURM_CONF=$(bash deploy/slurm.sh start | tail -n1 | sed 's/^SLURM_CONF=//')
 export FLEETMEDIC_SLURM_CONF
 echo "Slurm config $FLEETMEDIC_SLURM_CONF"
+echo "== starting Kubernetes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler on loopback;"
+echo "   built from the Go module proxy on first use and cached in ~/.cache/fleetmedic/k8s)"
+FLEETMEDIC_KUBECONFIG=$(bash deploy/k8s.sh start | tail -n1 | sed 's/^KUBECONFIG=//')
+export FLEETMEDIC_KUBECONFIG
+echo "Kubernetes admin kubeconfig $FLEETMEDIC_KUBECONFIG"
 echo "== tests"
 set +e
 "$PY" -m pytest tests -q -p no:cacheprovider "$@"

@@ -85,16 +85,15 @@ class Cluster:
         return name
 
     def apply_manifest(self, path: Path, *, dry_run: bool = False) -> list[dict[str, Any]]:
-        """Create every object of a YAML file (409: already there); server-side dry-run if asked."""
+        """Server-side apply of every object of a YAML file (``kubectl apply --server-side``),
+        or its server-side dry-run (``--dry-run=server``): validated and admitted, not stored."""
         import kubernetes.utils
 
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
         for doc in docs:
-            try:
-                kubernetes.utils.create_from_dict(self.api, doc, **({"dry_run": "All"} if dry_run else {}))
-            except kubernetes.utils.FailToCreateError as exc:
-                if not all(e.status == 409 for e in exc.api_exceptions) or dry_run:
-                    raise
+            ns = doc.get("metadata", {}).get("namespace", "default")
+            kubernetes.utils.create_from_dict(self.api, doc, namespace=ns, apply=True,
+                                              **({"dry_run": "All"} if dry_run else {}))
         return docs
 
     # ------------------------------------------------------------------ reading

@@ -89,6 +89,7 @@ def test_isolate_drain_diagnose_return_on_real_objects(admin: Cluster, backend, 
         outcome, detail = act(backend, ActionName.drain, node)
         assert outcome is Outcome.applied, detail
         wait_for("pod evicted", lambda: not admin.pods(ns), 30)
+        assert "FleetmedicDrain" in {e.reason for e in admin.events_about(node)}
         assert act(backend, ActionName.drain, node)[0] is Outcome.already_so
 
         # diagnose: a Job pinned to the node, tolerating the quarantine; the real scheduler binds it there
@@ -98,6 +99,7 @@ def test_isolate_drain_diagnose_return_on_real_objects(admin: Cluster, backend, 
         pod = wait_pod(admin, "fleetmedic-diag", f"job-name={job}", lambda p: bool(p.spec.node_name),
                        "diagnostics pod bound", 30)
         assert pod.spec.node_name == node
+        assert "FleetmedicDiagnose" in {e.reason for e in admin.events_about(node)}
         assert pod.metadata.annotations["fleetmedic.dev/node-name"] == node
         assert act(backend, ActionName.diagnose, node)[0] is Outcome.already_so
         assert len(admin.pods("fleetmedic-diag", f"job-name={job}")) == 1
@@ -159,6 +161,7 @@ def test_requeue_moves_a_job_off_an_isolated_node(admin: Cluster, backend, nodes
                           lambda p: p.metadata.uid != first.metadata.uid and bool(p.spec.node_name),
                           "replacement pod scheduled", 60)
         assert second.spec.node_name == good
+        assert "FleetmedicRequeue" in {e.reason for e in admin.events_about("train", ns)}
         # a replay finds nothing left to move
         assert act(backend, ActionName.requeue, f"{ns}/train", exclude=[bad])[0] is Outcome.already_so
 
