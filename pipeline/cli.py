@@ -5,6 +5,7 @@
     fleetmedic demo        start Kafka, a worker and the simulator; print a live log and a JSON summary
     fleetmedic watch-slurm publish a Slurm controller's job state changes on telemetry.job
     fleetmedic watch-k8s   publish a Kubernetes cluster's pod and Job failures on telemetry.job
+    fleetmedic collect     node agent: NVML, dcgm-exporter and InfiniBand counters -> telemetry
     fleetmedic bench       throughput, latency, scale-out and memory against a baseline consumer
     fleetmedic topics      create fleetmedic's topics on a broker
     fleetmedic schemas     write the JSON Schema files of every record
@@ -24,6 +25,7 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from .config import ConfigError, Settings, load_settings
 from .procs import WorkerProcess, free_port, wait_ready
@@ -214,6 +216,71 @@ def cmd_watch_k8s(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_collect(args: argparse.Namespace) -> int:
+    """The node agent: NVML, dcgm-exporter and InfiniBand counters -> telemetry topics."""
+    over: dict[str, Any] = {}
+    for key in ("node", "interval_s", "nvml", "infiniband_root"):
+        value = getattr(args, key, None)
+        if value is not None:
+            over[key] = value
+    if args.dcgm:
+        over["dcgm_urls"] = args.dcgm
+    s = _settings(args, collect=over)
+    _logging(s.worker.log_level if not args.once else "warning")
+    from .collect.agent import Agent
+
+    nvml = None
+    if args.fake_nvml:
+        from .collect.fake_nvml import FakeNVML
+
+        nvml = FakeNVML(args.fake_nvml)
+        print(f"fleetmedic collect: using a FAKE NVML with {args.fake_nvml} simulated GPUs (no GPU is read)",
+              file=sys.stderr)
+    try:
+        agent = Agent(s.collect, nvml=nvml)
+    except RuntimeError as exc:
+        print(f"fleetmedic collect: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.once:
+            records = asyncio.run(agent.collect_once())
+            for _topic, rec in records:
+                print(json.dumps(rec), flush=True)
+            if not records:
+                print("fleetmedic collect: no source produced a record (no NVML, no InfiniBand device, "
+                      "no dcgm-exporter URL)", file=sys.stderr)
+                return 1
+            return 0
+        asyncio.run(_publish_agent(s, agent))
+    finally:
+        agent.close()
+    return 0
+
+
+async def _publish_agent(s: Settings, agent: Any) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap, acks="all", linger_ms=20,
+                                max_request_size=2 * 1024 * 1024)
+    await producer.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    logging.getLogger("fleetmedic.collect").info("collecting on %s every %.1fs -> %s", agent.node,
+                                                 s.collect.interval_s, s.kafka.bootstrap)
+
+    async def emit(topic: str, key: str, rec: dict) -> None:
+        import orjson
+
+        await producer.send(s.topic(topic), key=key.encode(), value=orjson.dumps(rec))
+
+    try:
+        await agent.run(emit, stop=stop)
+    finally:
+        await producer.stop()
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Throughput, latency, scale-out and memory against a baseline consumer."""
     _logging("warning")
@@ -317,6 +384,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--watch-timeout", type=int, default=300,
                     help="seconds before the server ends a watch; it resumes from the last resource version (default 300)")
     sp.set_defaults(func=cmd_watch_k8s)
+
+    sp = sub.add_parser("collect", help="node agent: NVML, dcgm-exporter and InfiniBand counters -> telemetry topics",
+                        description="Run the collectors every --interval seconds and produce telemetry.gpu and "
+                                    "telemetry.network records (an Xid is sent at once). Sources: NVML on this node "
+                                    "(collect.nvml), dcgm-exporter endpoints (--dcgm), InfiniBand/RoCE counters "
+                                    "from sysfs (collect.infiniband_root).")
+    sp.add_argument("--once", action="store_true", help="collect one round and print each record as a JSON line")
+    sp.add_argument("--interval", dest="interval_s", type=float, help="seconds between samples (default 10)")
+    sp.add_argument("--node", help="node name on the records (default: $NODE_NAME, else the host name)")
+    sp.add_argument("--nvml", choices=["auto", "on", "off"], help="NVML source (default auto)")
+    sp.add_argument("--dcgm", action="append", metavar="URL", help="a dcgm-exporter endpoint to scrape (repeatable)")
+    sp.add_argument("--infiniband-root", help="sysfs directory of RDMA devices (default /sys/class/infiniband)")
+    sp.add_argument("--fake-nvml", type=int, metavar="GPUS", default=0,
+                    help="use a fake NVML with this many simulated H100s (for trying the agent without GPUs)")
+    sp.set_defaults(func=cmd_collect)
 
     sp = sub.add_parser("bench", help="measure throughput, latency, scale-out and memory (writes JSON)")
     sp.add_argument("--nodes", type=int, default=10000, help="fleet size (default 10000 nodes x 8 GPUs)")

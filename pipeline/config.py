@@ -128,6 +128,21 @@ class ActuatorSettings(_Section):
     max_delay_s: float = Field(10.0, ge=0)
 
 
+class CollectSettings(_Section):
+    """The node agent (``fleetmedic collect``)."""
+
+    node: str | None = Field(None, description="node name on the records (default: $NODE_NAME, else the host name)")
+    interval_s: float = Field(10.0, gt=0, le=3600, description="seconds between samples")
+    nvml: Literal["auto", "on", "off"] = Field(
+        "auto", description="GPU telemetry through NVML: auto (when the library loads), on (required), off")
+    dcgm_urls: list[str] = Field(
+        default_factory=list, description="dcgm-exporter endpoints to scrape (http://host:9400/metrics)")
+    infiniband_root: str = Field("/sys/class/infiniband", description="sysfs directory of the RDMA devices")
+    switches: dict[str, str] = Field(
+        default_factory=dict, description="port ('mlx5_0/1') or device ('mlx5_0') -> switch id it is cabled to")
+    lldp_dir: str | None = Field(None, description="directory of LLDP-style neighbour labels per port")
+
+
 class Settings(_Section):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
@@ -135,6 +150,7 @@ class Settings(_Section):
     policy: PolicySettings = Field(default_factory=PolicySettings)
     safety: SafetySettings = Field(default_factory=SafetySettings)
     actuators: ActuatorSettings = Field(default_factory=ActuatorSettings)
+    collect: CollectSettings = Field(default_factory=CollectSettings)
 
     def topic(self, name: str) -> str:
         return f"{self.kafka.topic_prefix}{name}"

@@ -95,6 +95,33 @@ def _anomaly(detector: str, node: str, f: Finding, ts: float, *, subject_type: s
 
 
 RATE_COUNTERS = ("ecc_sbe", "nvlink", "pcie")
+#: the per-GPU fields the GPU detectors read, in the order of :func:`_detector_fields`
+DETECTOR_FIELDS = ("ecc_sbe", "nvlink_crc", "nvlink_replay", "nvlink_recovery", "pcie_replay", "ecc_dbe",
+                   "throttle", "temp", "remap_failure", "lost")
+
+
+def _detector_fields(ss: Sequence[GpuSample], g: int) -> np.ndarray:
+    """The fields of :data:`DETECTOR_FIELDS` of ``ss`` as one (m, 10, g) array.
+
+    One conversion for the whole round when every field is complete (what simulators
+    and most agents send); otherwise absent fields and ``null`` entries (unsupported,
+    or a lost GPU) count as 0: no evidence, never a fault.
+    """
+    chain = itertools.chain.from_iterable
+    try:
+        return np.fromiter(
+            chain(chain((s.ecc_sbe, s.nvlink_crc, s.nvlink_replay, s.nvlink_recovery, s.pcie_replay, s.ecc_dbe,
+                         s.throttle, s.temp, s.remap_failure, s.lost)) for s in ss),
+            dtype=np.float64, count=len(ss) * 10 * g,
+        ).reshape(len(ss), 10, g)
+    except TypeError:  # a None field or entry
+        out = np.zeros((len(ss), len(DETECTOR_FIELDS), g), dtype=np.float64)
+        for k, s in enumerate(ss):
+            for c, name in enumerate(DETECTOR_FIELDS):
+                values = getattr(s, name)
+                if values is not None:
+                    out[k, c] = [0.0 if v is None else v for v in values]
+        return out
 
 
 class GpuFleetState:
@@ -230,13 +257,7 @@ class GpuDetection:
         out: list[Anomaly] = []
         idx = np.fromiter((i for i, _ in rnd), dtype=np.int64, count=len(rnd))
         ss = [s for _, s in rnd]
-        # one conversion for every per-GPU field the detectors read: (m, 10, g)
-        chain = itertools.chain.from_iterable
-        raw = np.fromiter(
-            chain(chain((s.ecc_sbe, s.nvlink_crc, s.nvlink_replay, s.nvlink_recovery, s.pcie_replay, s.ecc_dbe,
-                         s.throttle, s.temp, s.remap_failure, s.lost)) for s in ss),
-            dtype=np.float64, count=len(ss) * 10 * f.g,
-        ).reshape(len(ss), 10, f.g)
+        raw = _detector_fields(ss, f.g)
         cur = np.stack([raw[:, 0], raw[:, 1] + raw[:, 2] + raw[:, 3], raw[:, 4], raw[:, 5]], axis=1)  # (m, 4, g)
         ts = np.fromiter((s.ts for s in ss), dtype=np.float64, count=len(ss))
         first = f.count[idx] == 0

@@ -138,9 +138,14 @@ PER_GPU_FIELDS = (
     "power",
     "sm_clock",
     "mem_clock",
+    "mem_used",
     "throttle",
     "ecc_sbe",
     "ecc_dbe",
+    "ecc_sbe_aggregate",
+    "ecc_dbe_aggregate",
+    "retired_pages",
+    "remapped_rows",
     "remap_pending",
     "remap_failure",
     "nvlink_crc",
@@ -154,29 +159,50 @@ PER_GPU_FIELDS = (
 class GpuSample(Record):
     """One sample of all GPUs of one node (``telemetry.gpu``, key: node).
 
-    Every per-GPU field is a list with one entry per GPU, in GPU index order.  Error
-    counters are cumulative (as NVML reports them); detectors difference them.
+    Every per-GPU field is a list with one entry per GPU, in GPU index order; ``util``
+    is always present and its length is the node's GPU count.  A field that no GPU of
+    the node supports is absent (not zero); an entry is ``null`` where that GPU does not
+    support the field or did not answer (a lost GPU has ``lost: true`` and ``null``
+    elsewhere).  Error counters are cumulative (as NVML reports them); detectors
+    difference them.
     """
 
     schema_: Literal["gpu/1"] = Field("gpu/1", alias="schema")
     node: NodeName
-    util: list[Percent] = Field(description="GPU utilisation, percent")
-    temp: list[Annotated[float, Field(ge=-50.0, le=200.0)]] = Field(description="core temperature, C")
-    power: list[Annotated[float, Field(ge=0.0, le=5000.0)]] = Field(description="power draw, W")
-    sm_clock: list[Annotated[float, Field(ge=0.0, le=10000.0)]] = Field(description="SM clock, MHz")
-    mem_clock: list[Annotated[float, Field(ge=0.0, le=20000.0)]] = Field(description="memory clock, MHz")
-    throttle: list[Annotated[int, Field(ge=0, le=2**32)]] = Field(
-        description="NVML clocks-event (throttle) reason bitmask"
+    util: list[Percent | None] = Field(description="GPU utilisation, percent")
+    temp: list[Annotated[float, Field(ge=-50.0, le=200.0)] | None] | None = Field(
+        None, description="core temperature, C")
+    power: list[Annotated[float, Field(ge=0.0, le=5000.0)] | None] | None = Field(None, description="power draw, W")
+    sm_clock: list[Annotated[float, Field(ge=0.0, le=10000.0)] | None] | None = Field(
+        None, description="SM clock, MHz")
+    mem_clock: list[Annotated[float, Field(ge=0.0, le=20000.0)] | None] | None = Field(
+        None, description="memory clock, MHz")
+    mem_used: list[Annotated[float, Field(ge=0.0, le=10_000_000.0)] | None] | None = Field(
+        None, description="frame buffer memory used, MiB")
+    throttle: list[Annotated[int, Field(ge=0, le=2**32)] | None] | None = Field(
+        None, description="NVML clocks-event (throttle) reason bitmask"
     )
-    ecc_sbe: list[Counter] = Field(description="volatile single-bit ECC errors, cumulative")
-    ecc_dbe: list[Counter] = Field(description="volatile double-bit ECC errors, cumulative")
-    remap_pending: list[bool] = Field(description="row remapping pending")
-    remap_failure: list[bool] = Field(description="row remapping failed")
-    nvlink_crc: list[Counter] = Field(description="NVLink CRC errors over all links, cumulative")
-    nvlink_replay: list[Counter] = Field(description="NVLink replay errors over all links, cumulative")
-    nvlink_recovery: list[Counter] = Field(description="NVLink recovery errors over all links, cumulative")
-    pcie_replay: list[Counter] = Field(description="PCIe replay counter, cumulative")
-    lost: list[bool] = Field(description="GPU not reachable (fallen off the bus, NVML GPU_IS_LOST)")
+    ecc_sbe: list[Counter | None] | None = Field(None, description="volatile single-bit ECC errors, cumulative")
+    ecc_dbe: list[Counter | None] | None = Field(None, description="volatile double-bit ECC errors, cumulative")
+    ecc_sbe_aggregate: list[Counter | None] | None = Field(
+        None, description="single-bit ECC errors over the GPU's lifetime")
+    ecc_dbe_aggregate: list[Counter | None] | None = Field(
+        None, description="double-bit ECC errors over the GPU's lifetime")
+    retired_pages: list[Counter | None] | None = Field(
+        None, description="pages retired for ECC errors (before Ampere; later GPUs remap rows)")
+    remapped_rows: list[Counter | None] | None = Field(
+        None, description="rows remapped for correctable plus uncorrectable errors (Ampere and later)")
+    remap_pending: list[bool | None] | None = Field(None, description="row remapping pending (reset needed)")
+    remap_failure: list[bool | None] | None = Field(None, description="row remapping failed")
+    nvlink_crc: list[Counter | None] | None = Field(
+        None, description="NVLink CRC errors over all links, cumulative")
+    nvlink_replay: list[Counter | None] | None = Field(
+        None, description="NVLink replay errors over all links, cumulative")
+    nvlink_recovery: list[Counter | None] | None = Field(
+        None, description="NVLink recovery errors over all links, cumulative")
+    pcie_replay: list[Counter | None] | None = Field(None, description="PCIe replay counter, cumulative")
+    lost: list[bool | None] | None = Field(
+        None, description="GPU not reachable (fallen off the bus, NVML GPU_IS_LOST)")
     xids: list[XidEvent] = Field(default_factory=list, description="Xid events since the previous sample")
 
     @model_validator(mode="after")
@@ -185,8 +211,9 @@ class GpuSample(Record):
         if n == 0 or n > MAX_GPUS:
             raise ValueError(f"util: a node has 1..{MAX_GPUS} GPUs, got {n}")
         for name in PER_GPU_FIELDS:
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"{name}: expected {n} entries (one per GPU), got {len(getattr(self, name))}")
+            v = getattr(self, name)
+            if v is not None and len(v) != n:
+                raise ValueError(f"{name}: expected {n} entries (one per GPU), got {len(v)}")
         for x in self.xids:
             if x.gpu >= n:
                 raise ValueError(f"xids: gpu index {x.gpu} out of range for {n} GPUs")
@@ -210,6 +237,9 @@ class PortSample(BaseModel):
     xmit_wait: Counter
     xmit_bytes: Counter
     rcv_bytes: Counter
+    hw: dict[Annotated[str, Field(max_length=64)], Counter] | None = Field(
+        None, max_length=128, description="driver hardware counters (RoCE: hw_counters), cumulative"
+    )
 
 
 class NetworkSample(Record):

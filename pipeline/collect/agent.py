@@ -1,0 +1,176 @@
+"""The node agent: run the collectors at an interval and produce their records.
+
+Sources, each optional:
+
+* **NVML** (:mod:`.nvml`): this node's GPUs -> ``telemetry.gpu``; an Xid event wakes the
+  agent, so the record carrying it leaves at once instead of at the next interval;
+* **dcgm-exporter** endpoints (:mod:`.dcgm`): for clusters that already run NVIDIA's
+  exporter, one ``telemetry.gpu`` record per scraped host, nothing to install on nodes;
+* **InfiniBand / RoCE sysfs** (:mod:`.infiniband`): this node's fabric ports ->
+  ``telemetry.network``.
+
+Every record is validated against its schema before it is sent; a source that fails
+(exporter down, driver error) is logged and retried at the next interval without
+stopping the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas import GpuSample, NetworkSample
+
+from ..config import CollectSettings
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[str, str, dict[str, Any]], Awaitable[None]]  # (topic short name, key, record)
+
+
+def node_name(cfg: CollectSettings) -> str:
+    return cfg.node or os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+@dataclass
+class AgentStats:
+    samples: dict[str, int] = field(default_factory=lambda: {"gpu": 0, "network": 0, "dcgm": 0})
+    errors: dict[str, int] = field(default_factory=lambda: {"gpu": 0, "network": 0, "dcgm": 0})
+    invalid: int = 0
+    xids: int = 0
+
+
+class Agent:
+    """Collects from the configured sources; :meth:`collect_once` returns the records of one
+    round, :meth:`run` sends them through ``emit`` every ``interval_s``."""
+
+    def __init__(self, cfg: CollectSettings, *, nvml: Any = None, clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.node = node_name(cfg)
+        self.clock = clock
+        self.stats = AgentStats()
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.nvml_collector = None
+        self._dcgm_parsers: dict[str, Any] = {}
+        if cfg.nvml != "off":
+            self.nvml_collector = self._open_nvml(nvml)
+
+    def _open_nvml(self, nvml: Any) -> Any:
+        from .nvml import NvmlCollector, load_nvml
+
+        try:
+            lib = nvml if nvml is not None else load_nvml()
+            return NvmlCollector(lib, self.node, clock=self.clock, on_xid=self._xid_seen).open()
+        except Exception as exc:
+            if self.cfg.nvml == "on":
+                raise RuntimeError(f"collect.nvml is 'on' but NVML cannot be used: {exc}") from exc
+            log.info("no NVML on this node (%s); GPU telemetry from NVML is off", exc)
+            return None
+
+    def _xid_seen(self) -> None:
+        # called from the NVML event thread
+        self.stats.xids += 1
+        if self._loop is not None and self._wake is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def close(self) -> None:
+        if self.nvml_collector is not None:
+            self.nvml_collector.close()
+
+    # ------------------------------------------------------------------ sources
+
+    def _valid(self, model: type, rec: dict[str, Any], what: str) -> bool:
+        try:
+            model.model_validate(rec)
+            return True
+        except ValidationError as exc:
+            self.stats.invalid += 1
+            log.error("%s record for %s does not validate, not sent: %s", what, rec.get("node"), exc)
+            return False
+
+    async def gpu(self) -> list[dict[str, Any]]:
+        if self.nvml_collector is None:
+            return []
+        try:
+            rec = await asyncio.to_thread(self.nvml_collector.sample)
+        except Exception as exc:
+            self.stats.errors["gpu"] += 1
+            log.warning("NVML sample failed: %s", exc)
+            return []
+        if not self._valid(GpuSample, rec, "GPU"):
+            return []
+        self.stats.samples["gpu"] += 1
+        return [rec]
+
+    async def network(self) -> list[dict[str, Any]]:
+        from .infiniband import read_network_sample
+
+        try:
+            rec = await asyncio.to_thread(read_network_sample, self.node, ts=self.clock(),
+                                          root=self.cfg.infiniband_root, switches=self.cfg.switches,
+                                          lldp_dir=self.cfg.lldp_dir)
+        except Exception as exc:
+            self.stats.errors["network"] += 1
+            log.warning("InfiniBand counters not read: %s", exc)
+            return []
+        if rec is None or not self._valid(NetworkSample, rec, "network"):
+            return []
+        self.stats.samples["network"] += 1
+        return [rec]
+
+    async def dcgm(self) -> list[dict[str, Any]]:
+        from .dcgm import DcgmExporterParser, scrape
+
+        out: list[dict[str, Any]] = []
+        for url in self.cfg.dcgm_urls:
+            parser = self._dcgm_parsers.setdefault(url, DcgmExporterParser())
+            try:
+                text = await scrape(url)
+                records = parser.parse(text, ts=self.clock())
+            except Exception as exc:
+                self.stats.errors["dcgm"] += 1
+                log.warning("dcgm-exporter %s: %s", url, exc)
+                continue
+            for rec in records:
+                if self._valid(GpuSample, rec, "dcgm-exporter"):
+                    self.stats.samples["dcgm"] += 1
+                    out.append(rec)
+        return out
+
+    async def collect_once(self) -> list[tuple[str, dict[str, Any]]]:
+        """One round of every source: (topic short name, record) pairs."""
+        gpu, net, dcgm = await asyncio.gather(self.gpu(), self.network(), self.dcgm())
+        return [("telemetry.gpu", r) for r in gpu + dcgm] + [("telemetry.network", r) for r in net]
+
+    # ------------------------------------------------------------------ loop
+
+    async def run(self, emit: Emit, *, stop: asyncio.Event | None = None) -> None:
+        """Collect every ``interval_s`` (and at once after an Xid) until ``stop``."""
+        stop = stop or asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        next_at = time.monotonic()
+        while not stop.is_set():
+            xid_only = self._wake.is_set() and time.monotonic() < next_at
+            self._wake.clear()
+            if xid_only:
+                for rec in await self.gpu():
+                    await emit("telemetry.gpu", rec["node"], rec)
+            else:
+                for topic, rec in await self.collect_once():
+                    await emit(topic, rec["node"], rec)
+                next_at = time.monotonic() + self.cfg.interval_s
+            timeout = max(0.0, next_at - time.monotonic())
+            waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())}
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
