@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import faust
@@ -151,7 +152,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                               schema=json_schema)
 
     gpu_detection = GpuDetection(s.detectors, capacity=s.safety.fleet_size)
-    net_detection = NetworkDetection(s.detectors)
+    net_detection = NetworkDetection(s.detectors, capacity=s.safety.fleet_size)
     peer_detection = PeerDetection(s.detectors)
     breaker = CircuitBreaker(max_fraction=s.safety.max_fraction, max_absolute=s.safety.max_absolute,
                              window_s=s.safety.window_s)
@@ -164,7 +165,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     def nodes_seen() -> int:
         # the detectors' state holds every node that sent telemetry
-        return max(gpu_detection.nodes, len(net_detection.windows))
+        return max(gpu_detection.nodes, net_detection.nodes)
 
     def fleet_size() -> int:
         return s.safety.fleet_size or nodes_seen()
@@ -221,20 +222,18 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     # ------------------------------------------------------------------ detection agents
 
-    async def handle_telemetry(msgs: list[tuple[str, int, int, Any, Any]], model: type[Record], detection: Any,
-                               what: str) -> None:
-        """Decode a batch of (topic, partition, offset, key, value), detect over it at once, send anomalies."""
+    async def handle_telemetry(msgs: list[Any], model: type[Record], detection: Any, what: str) -> None:
+        """Decode a batch of records (``topic``, ``partition``, ``offset``, ``key``, ``value``
+        attributes), detect over it at once, send anomalies."""
         samples = []
         t0 = time.perf_counter()
-        for topic, partition, offset, key, value in msgs:
+        for m in msgs:
             try:
-                rec = decode(model, value)
+                samples.append(decode(model, m.value))
             except DecodeError as exc:
-                await dead_raw(topic, partition, offset, key, value, exc.reason)
-                continue
-            samples.append(rec)
+                await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, exc.reason)
         if samples:
-            count_ok(msgs[0][0], len(samples))
+            count_ok(msgs[0].topic, len(samples))
         stats["telemetry"] += len(msgs)
         t1 = time.perf_counter()
         timing["decode_s"] += t1 - t0
@@ -244,7 +243,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         except Exception as exc:  # a detector bug must not stop the stream
             log.exception("%s detection failed on a batch of %d samples", what, len(samples))
             for m in msgs:
-                await dead_raw(*m, f"detector error: {exc!r}")
+                await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, f"detector error: {exc!r}")
             return
         await emit_anomalies(anomalies)
         now = time.time()
@@ -258,7 +257,8 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     if s.worker.telemetry_consumer == "faust":
         async def detect_batches(stream: faust.StreamT, model: type[Record], detection: Any, what: str) -> None:
             async for events in stream.take_events(s.worker.batch_size, within=s.worker.batch_within_s):
-                msgs = [(e.message.topic, e.message.partition, e.message.offset, e.key, e.value) for e in events]
+                msgs = [SimpleNamespace(topic=e.message.topic, partition=e.message.partition,
+                                        offset=e.message.offset, key=e.key, value=e.value) for e in events]
                 await handle_telemetry(msgs, model, detection, what)
 
         @app.agent(t_gpu, name="detect_gpu")
@@ -324,8 +324,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                         wait = s.worker.batch_within_s if deadline is None else max(0.0, deadline - time.monotonic())
                         batch = await consumer.getmany(timeout_ms=int(wait * 1000), max_records=s.worker.batch_size - n)
                         for tp, recs in batch.items():
-                            by_topic.setdefault(tp.topic, []).extend(
-                                (r.topic, r.partition, r.offset, r.key, r.value) for r in recs)
+                            by_topic.setdefault(tp.topic, []).extend(recs)
                             fetched[TopicPartition(tp.topic, tp.partition)] = recs[-1].offset + 1
                             n += len(recs)
                         if n and deadline is None:
@@ -470,7 +469,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     @app.page("/fleetmedic/stats")
     async def stats_view(web: Any, request: Any) -> Any:
         return web.json({**stats, "nodes_seen": nodes_seen(), "late_samples": gpu_detection.late + net_detection.late,
-                         "breaker_used": len(breaker.snapshot()), "detector_state_bytes": gpu_detection.nbytes(),
+                         "breaker_used": len(breaker.snapshot()), "detector_state_bytes": gpu_detection.nbytes() + net_detection.nbytes(),
                          "timing": timing,
                          "rss_bytes": _rss_bytes()})
 

@@ -303,7 +303,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     logdir.mkdir(parents=True, exist_ok=True)
     try:
         run(bootstrap=bootstrap, nodes=nodes, rounds=rounds, net_every=args.network_every, latency_seconds=lat_s,
-            faults=faults, two_workers=not args.one_worker, out=Path(args.out), logdir=logdir)
+            faults=faults, two_workers=not args.one_worker, out=Path(args.out), logdir=logdir,
+            repeat=1 if args.quick else args.repeat)
     finally:
         if started and not args.keep_running:
             _kafka("stop", env)
@@ -407,6 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--latency-seconds", type=float, default=30.0, help="length of the latency run (default 30)")
     sp.add_argument("--faults", type=int, default=25, help="faults injected in the latency run (default 25)")
     sp.add_argument("--one-worker", action="store_true", help="skip the two-worker run")
+    sp.add_argument("--repeat", type=int, default=3,
+                    help="baseline/worker pairs measured back to back; medians are reported (default 3)")
     sp.add_argument("--quick", action="store_true", help="a small, fast run (300 nodes) that checks the harness works")
     sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "throughput.json"), help="JSON output path")
     sp.add_argument("--keep-running", action="store_true", help="leave the broker running afterwards")

@@ -10,8 +10,10 @@ warming up), which the node track tolerates because degradation needs confirmati
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+
+from typing import Any
 
 import numpy as np
 
@@ -28,30 +30,6 @@ from schemas import Anomaly, FaultClass, GpuSample, JobEvent, NetworkSample, Sev
 
 from .config import DetectorSettings
 from .policy import stable_id
-
-
-class Ring:
-    """A (capacity, width) ring buffer of rows; ``ordered()`` returns oldest-first rows."""
-
-    __slots__ = ("buf", "pos", "count")
-
-    def __init__(self, capacity: int, width: int, dtype: type = np.float64) -> None:
-        self.buf = np.zeros((capacity, width), dtype=dtype)
-        self.pos = 0
-        self.count = 0
-
-    def push(self, row: np.ndarray) -> None:
-        self.buf[self.pos] = row
-        self.pos = (self.pos + 1) % self.buf.shape[0]
-        self.count += 1
-
-    @property
-    def full(self) -> bool:
-        return self.count >= self.buf.shape[0]
-
-    def ordered(self, last: int | None = None) -> np.ndarray:
-        out = np.roll(self.buf, -self.pos, axis=0)
-        return out if last is None else out[-last:]
 
 
 def _sev(s: str) -> Severity:
@@ -100,6 +78,20 @@ DETECTOR_FIELDS = ("ecc_sbe", "nvlink_crc", "nvlink_replay", "nvlink_recovery", 
                    "throttle", "temp", "remap_failure", "lost")
 
 
+#: the fields whose change the detectors must see (all of DETECTOR_FIELDS but temp)
+_EVENT_FIELDS = operator.attrgetter(*(f for f in DETECTOR_FIELDS if f != "temp"))
+
+
+def _temperatures(ss: Sequence[GpuSample], g: int) -> np.ndarray:
+    """(m, g) temperatures; NaN where absent or null (throttle evidence only)."""
+    try:
+        return np.fromiter(itertools.chain.from_iterable(s.temp for s in ss), dtype=np.float64,
+                           count=len(ss) * g).reshape(len(ss), g)
+    except TypeError:
+        return np.array([[np.nan if v is None else v for v in (s.temp or [None] * g)] for s in ss],
+                        dtype=np.float64).reshape(len(ss), g)
+
+
 def _detector_fields(ss: Sequence[GpuSample], g: int) -> np.ndarray:
     """The fields of :data:`DETECTOR_FIELDS` of ``ss`` as one (m, 10, g) array.
 
@@ -124,7 +116,65 @@ def _detector_fields(ss: Sequence[GpuSample], g: int) -> np.ndarray:
         return out
 
 
-class GpuFleetState:
+class _NodeRows:
+    """Per-node detector state as rows of preallocated arrays, grown as nodes appear.
+
+    Subclasses list their arrays in :meth:`_fields` (name -> per-row shape and dtype).
+    Besides the arrays, every node has: the event time of its last accepted sample
+    (later or equal ones are late), and the batch it was last seen in with its rank
+    there (which round of that batch its next sample goes to).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.index: dict[str, int] = {}
+        self.names: list[str] = []
+        self.last_seen: list[float] = []
+        self.stamp: list[int] = []
+        self.rank: list[int] = []
+        self.cap = 0
+        self._grow(capacity)
+
+    def _fields(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+        raise NotImplementedError
+
+    def _grow(self, cap: int) -> None:
+        n = len(self.names)
+        for name, (shape, dtype) in self._fields().items():
+            arr = np.zeros((cap, *shape), dtype=dtype)
+            if self.cap:
+                arr[:n] = getattr(self, name)[:n]
+            setattr(self, name, arr)
+        self.cap = cap
+
+    def _add(self, name: str) -> int:
+        i = len(self.names)
+        if i >= self.cap:
+            self._grow(self.cap + max(64, self.cap // 4))
+        self.index[name] = i
+        self.names.append(name)
+        self.last_seen.append(-np.inf)
+        self.stamp.append(0)
+        self.rank.append(0)
+        return i
+
+    def accept(self, i: int, ts: float, batch: int) -> int | None:
+        """The round of batch ``batch`` that node ``i``'s sample at ``ts`` goes to, or
+        None when the sample is late (not after the node's last accepted one)."""
+        if ts <= self.last_seen[i]:
+            return None
+        self.last_seen[i] = ts
+        if self.stamp[i] != batch:
+            self.stamp[i] = batch
+            self.rank[i] = 0
+            return 0
+        self.rank[i] += 1
+        return self.rank[i]
+
+    def nbytes(self) -> int:
+        return sum(getattr(self, f).nbytes for f in self._fields())
+
+
+class GpuFleetState(_NodeRows):
     """Detector state of every node of one GPU count, as arrays indexed by node.
 
     Per node: the last cumulative counters, and rings of *running totals* of the
@@ -135,43 +185,32 @@ class GpuFleetState:
 
     def __init__(self, gpus: int, window: int, recent: int, throttle_window: int, capacity: int = 64) -> None:
         self.g, self.w, self.r, self.tw = gpus, window, recent, throttle_window
-        self.index: dict[str, int] = {}
-        self.names: list[str] = []
-        self._alloc(capacity)
+        #: per node: the previous sample's counter, throttle and flag lists (as sent), and
+        #: whether it was quiet (no lost GPU, no remap failure, no thermal throttling);
+        #: a quiet node whose lists did not change needs no conversion at all
+        self.seen: list[tuple | None] = []
+        self.quiet: list[bool] = []
+        super().__init__(capacity)
 
-    def _alloc(self, cap: int) -> None:
+    def _fields(self) -> dict[str, tuple[tuple[int, ...], Any]]:
         g, w, tw, c = self.g, self.w, self.tw, len(RATE_COUNTERS)
-        old = getattr(self, "count", None)
-        n = 0 if old is None else len(self.names)
-        fields = {
-            "count": ((cap,), np.int64), "last_ts": ((cap,), np.float64),
-            "prev": ((cap, c + 1, g), np.float64),          # + ecc_dbe
+        return {
+            "count": ((), np.int64),
+            "prev": ((c + 1, g), np.float64),          # + ecc_dbe
             # running totals wrap around in 32 bits: differences over a window stay exact
             # as long as one window holds fewer than 2**31 events
-            "acc": ((cap, c, g), np.int64), "ring": ((cap, w + 1, c, g), np.int32),
-            "th_acc": ((cap, g), np.int64), "th_ring": ((cap, tw + 1, g), np.int16),
-            "temp": ((cap, tw, g), np.float16),
+            "acc": ((c, g), np.int64), "ring": ((w + 1, c, g), np.int32),
+            "th_acc": ((g,), np.int64), "th_ring": ((tw + 1, g), np.int16),
+            "temp": ((tw, g), np.float16),
         }
-        for name, (shape, dtype) in fields.items():
-            arr = np.zeros(shape, dtype=dtype)
-            if old is not None:
-                arr[:n] = getattr(self, name)[:n]
-            setattr(self, name, arr)
-        self.cap = cap
 
     def node(self, name: str) -> int:
         i = self.index.get(name)
         if i is None:
-            i = len(self.names)
-            if i >= self.cap:
-                self._alloc(self.cap + max(64, self.cap // 4))
-            self.index[name] = i
-            self.names.append(name)
-            self.last_ts[i] = -np.inf
+            i = self._add(name)
+            self.seen.append(None)
+            self.quiet.append(False)
         return i
-
-    def nbytes(self) -> int:
-        return sum(getattr(self, f).nbytes for f in ("count", "last_ts", "prev", "acc", "ring", "th_acc", "th_ring", "temp"))
 
 
 class GpuDetection:
@@ -199,6 +238,7 @@ class GpuDetection:
         self.fleets: dict[int, GpuFleetState] = {}
         self.cooldown = Cooldown(cfg.anomaly_cooldown_s)
         self.late = 0
+        self._batch = 0
 
     @property
     def nodes(self) -> int:
@@ -221,8 +261,8 @@ class GpuDetection:
         # round k of its fleet (nodes grouped by GPU count).
         out: list[Anomaly] = []
         rounds_by_g: dict[int, list[list[tuple[int, GpuSample]]]] = {}
-        last: dict[tuple[int, int], float] = {}
-        rank: dict[tuple[int, int], int] = {}
+        self._batch += 1
+        batch = self._batch
         fleets = self.fleets
         for s in samples:
             g = len(s.util)
@@ -230,19 +270,13 @@ class GpuDetection:
             i = f.index.get(s.node)
             if i is None:
                 i = f.node(s.node)
-            key = (g, i)
-            prev = last.get(key)
-            if prev is None:
-                prev = f.last_ts[i]
-            if s.ts <= prev:
+            k = f.accept(i, s.ts, batch)
+            if k is None:
                 self.late += 1
                 continue
-            last[key] = s.ts
-            k = rank.get(key, 0)
-            rank[key] = k + 1
             rounds = rounds_by_g.get(g)
             if rounds is None:
-                rounds = rounds_by_g[g] = []
+                rounds = rounds_by_g[g] = [[]]
             if k == len(rounds):
                 rounds.append([])
             rounds[k].append((i, s))
@@ -257,18 +291,42 @@ class GpuDetection:
         out: list[Anomaly] = []
         idx = np.fromiter((i for i, _ in rnd), dtype=np.int64, count=len(rnd))
         ss = [s for _, s in rnd]
-        raw = _detector_fields(ss, f.g)
-        cur = np.stack([raw[:, 0], raw[:, 1] + raw[:, 2] + raw[:, 3], raw[:, 4], raw[:, 5]], axis=1)  # (m, 4, g)
-        ts = np.fromiter((s.ts for s in ss), dtype=np.float64, count=len(ss))
-        first = f.count[idx] == 0
-        # A counter that went down was reset (driver reload): count no increment.
-        delta = np.maximum(cur - f.prev[idx], 0.0)
-        delta[first] = 0.0
-        f.prev[idx] = cur
-        f.last_ts[idx] = ts
-        # hard faults: double-bit ECC increments, row-remap failures, lost GPUs
-        remap = raw[:, 8] > 0
-        lost = raw[:, 9] > 0
+        m, g = len(ss), f.g
+        # Counters rarely move: a node whose lists equal its previous sample's (a C-level
+        # comparison) and that was quiet has no increment, no flag and no throttling;
+        # only the others are converted to arrays.
+        seen, quiet = f.seen, f.quiet
+        moved: list[int] = []
+        for k, (i, s) in enumerate(rnd):
+            t = _EVENT_FIELDS(s)
+            if not quiet[i] or t != seen[i]:
+                moved.append(k)
+            seen[i] = t
+        delta = np.zeros((m, 4, g))
+        remap = np.zeros((m, g), dtype=bool)
+        lost = np.zeros((m, g), dtype=bool)
+        thermal = np.zeros((m, g), dtype=np.int64)
+        if moved:
+            mv = np.asarray(moved, dtype=np.int64)
+            raw = _detector_fields([ss[k] for k in moved], g)
+            cur = np.stack([raw[:, 0], raw[:, 1] + raw[:, 2] + raw[:, 3], raw[:, 4], raw[:, 5]], axis=1)  # (n, 4, g)
+            midx = idx[mv]
+            # A counter that went down was reset (driver reload): count no increment.
+            d = np.maximum(cur - f.prev[midx], 0.0)
+            d[f.count[midx] == 0] = 0.0
+            delta[mv] = d
+            f.prev[midx] = cur
+            remap[mv] = raw[:, 8] > 0
+            lost[mv] = raw[:, 9] > 0
+            thermal[mv] = thermal_mask(raw[:, 6].astype(np.int64))
+            calm = ~(remap[mv].any(axis=1) | lost[mv].any(axis=1) | (thermal[mv] != 0).any(axis=1))
+            for k, c in zip(moved, calm.tolist(), strict=True):
+                quiet[rnd[k][0]] = c
+        # temperatures matter only as evidence of throttling: kept for throttled samples
+        hot = np.flatnonzero(thermal.any(axis=1))
+        temp = np.full((m, g), np.nan)
+        if hot.size:
+            temp[hot] = _temperatures([ss[k] for k in hot.tolist()], g)
         dbe = delta[:, 3]
         if dbe.any() or remap.any() or lost.any():
             for fd in self.hard.detect(dbe, remap, lost):
@@ -286,10 +344,9 @@ class GpuDetection:
         count = f.count[idx]
         f.acc[idx] += delta[:, :3].astype(np.int64)
         f.ring[idx, count % (f.w + 1)] = f.acc[idx].astype(np.int32)  # modulo 2**32
-        thermal = thermal_mask(raw[:, 6].astype(np.int64))
         f.th_acc[idx] += thermal
         f.th_ring[idx, count % (f.tw + 1)] = f.th_acc[idx].astype(np.int16)  # modulo 2**16
-        f.temp[idx, count % f.tw] = raw[:, 7]
+        f.temp[idx, count % f.tw] = temp
         count = count + 1
         f.count[idx] = count
         # rate-change tests on every full window
@@ -313,7 +370,9 @@ class GpuDetection:
             wi, wc = idx[warm], count[warm]
             throttled = f.th_ring[wi, (wc - 1) % (f.tw + 1)] - f.th_ring[wi, (wc - 1 - f.tw) % (f.tw + 1)]
             if (throttled >= self.throttle.min_fraction * f.tw).any():
-                max_temp = f.temp[wi].max(axis=1).astype(np.float64)
+                t = f.temp[wi].astype(np.float64)
+                max_temp = np.where(np.isnan(t), -np.inf, t).max(axis=1)
+                max_temp[np.isneginf(max_temp)] = np.nan
                 sel = np.flatnonzero(warm)
                 for fd in self.throttle.detect_counts(throttled, f.tw, max_temp):
                     s = ss[sel[fd.index]]
@@ -322,84 +381,146 @@ class GpuDetection:
         return out
 
 
-@dataclass
-class NetWindow:
-    ports: tuple[str, ...]
-    switches: tuple[str, ...]
-    ts: float = -1.0
-    prev: dict[str, np.ndarray] = field(default_factory=dict)
-    ring: Ring | None = None
+class NetFleetState(_NodeRows):
+    """Detector state of every node with ``p`` fabric ports, as arrays indexed by node.
+
+    Per node: the last cumulative symbol-error and link-downed counters, and a ring of
+    running totals of symbol-error increments (``W + 1`` entries), as for GPUs.
+    """
+
+    def __init__(self, p: int, window: int, capacity: int = 64) -> None:
+        self.p, self.w = p, window
+        self.wiring: list[tuple[tuple[str, str], ...]] = []
+        self.ports: list[tuple[str, ...]] = []
+        self.switches: list[tuple[str, ...]] = []
+        super().__init__(capacity)
+
+    def _fields(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+        p, w = self.p, self.w
+        return {"count": ((), np.int64), "prev": ((2, p), np.float64), "acc": ((p,), np.int64),
+                "ring": ((w + 1, p), np.int32)}
+
+    def node(self, name: str, wiring: tuple[tuple[str, str], ...]) -> int:
+        """Row of ``name``; a node whose ports or cabling (port -> switch) changed starts
+        over (a new window)."""
+        ports = tuple(p for p, _ in wiring)
+        switches = tuple(sw for _, sw in wiring)
+        i = self.index.get(name)
+        if i is None:
+            i = self._add(name)
+            self.wiring.append(wiring)
+            self.ports.append(ports)
+            self.switches.append(switches)
+        elif self.wiring[i] != wiring:
+            self.wiring[i], self.ports[i], self.switches[i] = wiring, ports, switches
+            self.count[i] = 0
+            self.acc[i] = 0
+        return i
 
 
 class NetworkDetection:
-    """Fast rules (link down) and a symbol-error rate test per port."""
+    """Fast rules (link down, link flap) and a symbol-error rate test per port, vectorised
+    over nodes with the same number of ports, in rounds as :class:`GpuDetection`."""
 
-    def __init__(self, cfg: DetectorSettings) -> None:
+    def __init__(self, cfg: DetectorSettings, *, capacity: int = 64) -> None:
         self.cfg = cfg
+        self.capacity = max(64, capacity)
         self.rate = RateChangeDetector(
             window=cfg.window, recent=cfg.recent, alpha=cfg.alpha, min_events=cfg.min_events,
             kind="symbol_error_rate", fault_class="node_network",
         )
-        self.windows: dict[str, NetWindow] = {}
+        self.fleets: dict[int, NetFleetState] = {}
         self.cooldown = Cooldown(cfg.anomaly_cooldown_s)
         self.late = 0
-        self._pending: dict[int, list] = {}
-        self._queued: set[tuple[str, float]] = set()
+        self._batch = 0
+
+    @property
+    def nodes(self) -> int:
+        return len({n for f in self.fleets.values() for n in f.names})
+
+    def nbytes(self) -> int:
+        return sum(f.nbytes() for f in self.fleets.values())
 
     def process(self, samples: Iterable[NetworkSample]) -> list[Anomaly]:
         out: list[Anomaly] = []
-        touched: dict[str, NetWindow] = {}
+        rounds_by_p: dict[int, list[list[tuple[int, NetworkSample]]]] = {}
+        self._batch += 1
+        batch = self._batch
         for s in samples:
-            ports = tuple(p.port for p in s.ports)
-            w = self.windows.get(s.node)
-            if w is None or w.ports != ports:
-                w = NetWindow(ports=ports, switches=tuple(p.switch for p in s.ports))
-                w.ring = Ring(self.cfg.window, len(ports))
-                self.windows[s.node] = w
-            if s.ts <= w.ts:
+            p = len(s.ports)
+            f = self.fleets.get(p)
+            if f is None:
+                f = self.fleets[p] = NetFleetState(p, self.cfg.window, self.capacity)
+            i = f.index.get(s.node)
+            wiring = tuple((q.port, q.switch) for q in s.ports)
+            if i is None or f.wiring[i] != wiring:
+                i = f.node(s.node, wiring)
+            k = f.accept(i, s.ts, batch)
+            if k is None:
                 self.late += 1
                 continue
-            w.ts = s.ts
-            sym = np.array([p.symbol_errors for p in s.ports], dtype=np.float64)
-            downed = np.array([p.link_downed for p in s.ports], dtype=np.float64)
-            down_now = np.array([p.state == "down" for p in s.ports])
-            inc_sym = np.zeros(len(ports)) if "sym" not in w.prev else np.maximum(sym - w.prev["sym"], 0)
-            inc_down = np.zeros(len(ports)) if "down" not in w.prev else np.maximum(downed - w.prev["down"], 0)
-            w.prev["sym"], w.prev["down"] = sym, downed
-            assert w.ring is not None
-            w.ring.push(inc_sym)
-            touched[s.node] = w
-            self._queue(s.node, w, last=False)
-            for j in np.flatnonzero(down_now | (inc_down > 0)):
-                port = ports[j]
-                kind = "link_down" if down_now[j] else "link_flap"
-                if self.cooldown.allow((s.node, port, kind), s.ts):
-                    f = Finding(kind=kind, fault_class="node_network", severity="warning", score=float(inc_down[j] + down_now[j]),
-                                index=0, gpu=None, evidence={"port": port, "switch": w.switches[j],
-                                                             "link_downed_delta": int(inc_down[j]), "state": "down" if down_now[j] else "up"})
-                    out.append(_anomaly("link_rules", s.node, f, s.ts, subject_type="port", subject=f"{s.node}/{port}"))
-        for node, w in touched.items():
-            self._queue(node, w, last=True)
-        pending, self._pending = self._pending, {}
-        self._queued.clear()
-        for _, items in pending.items():
-            for f in self.rate.detect(np.stack([x[2] for x in items])):
-                node, ts, _, w = items[f.index]
-                port = w.ports[f.gpu] if f.gpu is not None else "?"
-                if self.cooldown.allow((node, port, f.kind), ts):
-                    ev = {**f.evidence, "port": port, "switch": w.switches[f.gpu] if f.gpu is not None else None}
-                    f2 = Finding(kind=f.kind, fault_class=f.fault_class, severity=f.severity, score=f.score,
-                                 index=f.index, gpu=None, evidence=ev)
-                    out.append(_anomaly("fabric_rate", node, f2, ts, subject_type="port", subject=f"{node}/{port}"))
+            rounds = rounds_by_p.setdefault(p, [[]])
+            if k == len(rounds):
+                rounds.append([])
+            rounds[k].append((i, s))
+        for p, rounds in rounds_by_p.items():
+            for rnd in rounds:
+                out.extend(self._round(self.fleets[p], rnd))
         out.sort(key=lambda a: a.ts)
         return out
 
-    def _queue(self, node: str, w: NetWindow, *, last: bool) -> None:
-        ring = w.ring
-        if ring is None or not ring.full or (node, w.ts) in self._queued:
-            return
-        self._queued.add((node, w.ts))
-        self._pending.setdefault(len(w.ports), []).append((node, w.ts, ring.ordered(), w))
+    def _round(self, f: NetFleetState, rnd: list[tuple[int, NetworkSample]]) -> list[Anomaly]:
+        out: list[Anomaly] = []
+        chain = itertools.chain.from_iterable
+        idx = np.fromiter((i for i, _ in rnd), dtype=np.int64, count=len(rnd))
+        ss = [s for _, s in rnd]
+        m, p = len(ss), f.p
+        cur = np.fromiter(chain(chain((q.symbol_errors, q.link_downed) for q in s.ports) for s in ss),
+                          dtype=np.float64, count=m * p * 2).reshape(m, p, 2).transpose(0, 2, 1)  # (m, 2, p)
+        down = np.fromiter(chain((q.state == "down" for q in s.ports) for s in ss), dtype=bool,
+                           count=m * p).reshape(m, p)
+        first = f.count[idx] == 0
+        delta = np.maximum(cur - f.prev[idx], 0.0)  # a counter that went down was reset
+        delta[first] = 0.0
+        f.prev[idx] = cur
+        inc_down = delta[:, 1]
+        flagged = down | (inc_down > 0)
+        if flagged.any():
+            for k, j in zip(*np.nonzero(flagged), strict=True):
+                s, i = ss[k], rnd[k][0]
+                port = f.ports[i][j]
+                kind = "link_down" if down[k, j] else "link_flap"
+                if self.cooldown.allow((s.node, port, kind), s.ts):
+                    fd = Finding(kind=kind, fault_class="node_network", severity="warning",
+                                 score=float(inc_down[k, j] + down[k, j]), index=0, gpu=None,
+                                 evidence={"port": port, "switch": f.switches[i][j],
+                                           "link_downed_delta": int(inc_down[k, j]),
+                                           "state": "down" if down[k, j] else "up"})
+                    out.append(_anomaly("link_rules", s.node, fd, s.ts, subject_type="port", subject=f"{s.node}/{port}"))
+        count = f.count[idx]
+        f.acc[idx] += delta[:, 0].astype(np.int64)
+        f.ring[idx, count % (f.w + 1)] = f.acc[idx].astype(np.int32)  # modulo 2**32
+        count = count + 1
+        f.count[idx] = count
+        full = count > f.w
+        if full.any():
+            r, w = self.cfg.recent, f.w
+            fi, fc = idx[full], count[full]
+            now = f.ring[fi, (fc - 1) % (w + 1)]
+            at_r = f.ring[fi, (fc - 1 - r) % (w + 1)]
+            at_w = f.ring[fi, (fc - 1 - w) % (w + 1)]
+            sel = np.flatnonzero(full)
+            for fd in self.rate.detect_sums(at_r - at_w, now - at_r, w - r, r):
+                k = sel[fd.index]
+                s, i = ss[k], rnd[k][0]
+                port = f.ports[i][fd.gpu] if fd.gpu is not None else "?"
+                if self.cooldown.allow((s.node, port, fd.kind), s.ts):
+                    ev = {**fd.evidence, "port": port, "switch": f.switches[i][fd.gpu] if fd.gpu is not None else None}
+                    f2 = Finding(kind=fd.kind, fault_class=fd.fault_class, severity=fd.severity, score=fd.score,
+                                 index=fd.index, gpu=None, evidence=ev)
+                    out.append(_anomaly("fabric_rate", s.node, f2, s.ts, subject_type="port",
+                                        subject=f"{s.node}/{port}"))
+        return out
 
 
 class PeerDetection:

@@ -18,7 +18,7 @@ def _malformed(n: int) -> list[bytes]:
     kinds = [
         lambda i: b"{not json" + str(i).encode(),
         lambda i: orjson.dumps({**good, "util": "high"}),
-        lambda i: orjson.dumps({k: v for k, v in good.items() if k != "temp"}),
+        lambda i: orjson.dumps({k: v for k, v in good.items() if k != "util"}),  # util is required
         lambda i: orjson.dumps(good).replace(b'"power":[', b'"power":[NaN,', 1),
         lambda i: orjson.dumps({**good, "schema": "gpu/99"}),
         lambda i: json.dumps({**good, "ecc_sbe": [10**30] * 8}).encode(),

@@ -98,3 +98,47 @@ def test_findings_do_not_depend_on_how_samples_are_batched(seed: int) -> None:
     one_by_one = _in_batches(samples, 1)
     assert one_by_one, "the ramp must produce findings for this comparison to mean anything"
     assert _in_batches(samples, 400) == one_by_one
+
+
+# ------------------------------------------------------------------------------ unchanged samples
+
+
+def test_sustained_thermal_throttling_in_identical_samples_is_found() -> None:
+    """Identical samples skip conversion only while the node is quiet; a throttled one is not."""
+    from detectors.gpu import HW_THERMAL
+
+    det = _detection()
+    samples = [gpu_sample(NODE, T0 + i, throttle=[HW_THERMAL] + [0] * (GPUS - 1), temp=[91.0] * GPUS)
+               for i in range(80)]
+    found = det.process(samples)
+    assert {(a.kind, a.gpu) for a in found} == {("thermal_throttle", 0)}
+    assert found[0].evidence["max_temp"] == 91.0
+
+
+def test_a_gpu_that_stays_lost_is_reported_again_after_the_cooldown() -> None:
+    det = _detection()
+    found = det.process([gpu_sample(NODE, T0 + i, lost=_lost(2)) for i in range(40)])
+    times = [a.ts for a in found if a.kind == "gpu_lost"]
+    assert times[0] == T0 and len(times) >= 2 and times[1] - times[0] >= DetectorSettings().anomaly_cooldown_s
+
+
+def test_a_counter_moving_after_a_long_quiet_stretch_is_still_counted() -> None:
+    det = _detection()
+    assert det.process([gpu_sample(NODE, T0 + i) for i in range(50)]) == []
+    [a] = det.process([gpu_sample(NODE, T0 + 50, ecc_dbe=[0, 0, 2] + [0] * (GPUS - 3))])
+    assert (a.kind, a.gpu, a.evidence["dbe_delta"]) == ("ecc_dbe", 2, 2.0)
+
+
+def test_absent_fields_and_null_entries_are_no_evidence_and_no_crash() -> None:
+    """What an NVML agent sends for unsupported fields and a lost GPU."""
+    from schemas import GpuSample
+
+    det = _detection()
+    base = {"schema": "gpu/1", "node": NODE, "util": [95.0] * GPUS, "xids": []}
+    quiet = [GpuSample.model_validate({**base, "ts": T0 + i, "ecc_sbe": [0] * (GPUS - 1) + [None]})
+             for i in range(5)]
+    assert det.process(quiet) == []
+    lost = {**base, "ts": T0 + 5, "util": [95.0] * (GPUS - 1) + [None],
+            "lost": [False] * (GPUS - 1) + [True], "temp": [60.0] * (GPUS - 1) + [None]}
+    found = det.process([GpuSample.model_validate(lost)])
+    assert [(a.kind, a.gpu) for a in found] == [("gpu_lost", GPUS - 1)]

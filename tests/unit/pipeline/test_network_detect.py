@@ -1,0 +1,99 @@
+"""Fabric detection over batches of network samples: link rules, symbol-error rate, order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.config import DetectorSettings
+from pipeline.detect import NetworkDetection
+from schemas import FaultClass, NetworkSample
+
+from .builders import T0
+
+NODE = "node-0001"
+
+
+def port(name: str, *, switch: str = "leaf-01", state: str = "up", sym: int = 0, downed: int = 0,
+         k: int = 0) -> dict:
+    return {"port": name, "switch": switch, "state": state, "symbol_errors": sym, "link_error_recovery": 0,
+            "link_downed": downed, "rcv_errors": 0, "xmit_discards": 0, "xmit_wait": 1000 * k,
+            "xmit_bytes": 25_000_000_000 * k, "rcv_bytes": 25_000_000_000 * k}
+
+
+def sample(ts: float, ports: list[dict], node: str = NODE) -> NetworkSample:
+    return NetworkSample.model_validate({"schema": "network/1", "ts": ts, "node": node, "ports": ports})
+
+
+def healthy(ts: float, k: int, node: str = NODE) -> NetworkSample:
+    return sample(ts, [port(f"mlx5_{p}/1", k=k, switch="leaf-07" if p == 1 else "leaf-01") for p in range(4)], node)
+
+
+def test_healthy_ports_yield_nothing() -> None:
+    det = NetworkDetection(DetectorSettings())
+    assert det.process([healthy(T0 + i, i) for i in range(200)]) == []
+
+
+def test_a_port_that_goes_down_and_one_that_flaps_are_named_with_their_switch() -> None:
+    det = NetworkDetection(DetectorSettings())
+    det.process([healthy(T0 + i, i) for i in range(10)])
+    ports = [port(f"mlx5_{p}/1", k=10) for p in range(4)]
+    ports[1] = port("mlx5_1/1", state="down", switch="leaf-07", k=10)  # as cabled from the start
+    ports[3] = port("mlx5_3/1", downed=2, k=10)
+    found = det.process([sample(T0 + 10, ports)])
+    got = {(a.kind, a.subject, a.evidence["switch"], a.fault_class) for a in found}
+    assert got == {("link_down", f"{NODE}/mlx5_1/1", "leaf-07", FaultClass.node_network),
+                   ("link_flap", f"{NODE}/mlx5_3/1", "leaf-01", FaultClass.node_network)}
+
+
+def _symbol_ramp(n: int, seed: int) -> list[NetworkSample]:
+    """Port 2 starts accumulating symbol errors at sample 200; other ports stay clean."""
+    rng = np.random.default_rng(seed)
+    sym, out = 0, []
+    for i in range(n):
+        if i >= 200:
+            sym += int(rng.poisson(3))
+        ports = [port(f"mlx5_{p}/1", k=i, sym=sym if p == 2 else 0) for p in range(4)]
+        out.append(sample(T0 + i, ports))
+    return out
+
+
+def test_rising_symbol_errors_are_found_on_the_right_port() -> None:
+    found = NetworkDetection(DetectorSettings()).process(_symbol_ramp(300, 0))
+    assert found
+    assert {(a.subject, a.kind) for a in found} == {(f"{NODE}/mlx5_2/1", "symbol_error_rate")}
+    assert min(a.ts for a in found) >= T0 + 200
+
+
+@pytest.mark.parametrize("size", [1, 7, 300])
+def test_findings_do_not_depend_on_batching(size: int) -> None:
+    samples = _symbol_ramp(300, 1)
+    whole = [(a.ts, a.subject, a.kind) for a in NetworkDetection(DetectorSettings()).process(samples)]
+    det = NetworkDetection(DetectorSettings())
+    parts = []
+    for k in range(0, len(samples), size):
+        parts += [(a.ts, a.subject, a.kind) for a in det.process(samples[k:k + size])]
+    assert whole and parts == whole
+
+
+def test_late_duplicate_and_reordered_samples_are_counted_not_used() -> None:
+    det = NetworkDetection(DetectorSettings())
+    det.process([healthy(T0 + i, i) for i in range(5)])
+    bad = [port(f"mlx5_{p}/1", state="down") for p in range(4)]
+    assert det.process([sample(T0 + 4, bad), sample(T0 + 1, bad)]) == []
+    assert det.late == 2
+
+
+def test_a_node_whose_ports_change_starts_a_new_window() -> None:
+    det = NetworkDetection(DetectorSettings())
+    det.process([healthy(T0 + i, i) for i in range(5)])
+    # re-cabled: three ports now, with large counters; no increment is invented
+    ports = [port(f"mlx5_{p}/1", sym=10_000, downed=5, k=5) for p in range(3)]
+    assert det.process([sample(T0 + 5, ports)]) == []
+    # moved to another switch: a new window too, no flap invented from the old counters
+    moved = [port(f"mlx5_{p}/1", sym=10_000, downed=9, k=6, switch="leaf-02") for p in range(3)]
+    assert det.process([sample(T0 + 6, moved)]) == []
+    # and from there on, a real flap is seen
+    flap = [port(f"mlx5_{p}/1", sym=10_000, downed=9 + (p == 0), k=7, switch="leaf-02") for p in range(3)]
+    assert [(a.kind, a.evidence["switch"]) for a in det.process([sample(T0 + 7, flap)])] == [("link_flap", "leaf-02")]
+    assert det.nodes == 1
