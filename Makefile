@@ -6,12 +6,14 @@ PY := $(VENV)/bin/python
 ARGS ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench unit integration lint schemas kafka-start kafka-stop clean help
+
+.PHONY: demo test bench eval-network unit integration lint schemas kafka-start kafka-stop clean help
 
 help:
 	@echo "make demo   - install, start the embedded Kafka, a worker and the simulated cluster (ARGS=\"--duration 120 --seed 1\")"
 	@echo "make test   - install, start Kafka, run unit + integration tests, stop Kafka"
 	@echo "make bench  - throughput/latency/scale-out/memory of a 10,000-node fleet (ARGS=--quick for a smoke run)"
+	@echo "make eval-network - the network track on 256 nodes / 8 leaf switches / 500 faults (bench/results/network.json)"
 	@echo "make lint   - layer contracts (import-linter)"
 
 $(STAMP): pyproject.toml
@@ -30,6 +32,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	@$(PY) -m pipeline bench $(ARGS)
+
+eval-network: $(STAMP)
+	@$(PY) -m pipeline eval-network $(ARGS)
 
 unit: $(STAMP)
 	@$(PY) -m pytest tests/unit -q

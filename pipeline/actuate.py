@@ -111,6 +111,11 @@ class Actuation:
             if prior is not None and Outcome(prior) in SETTLED:
                 records.append(self._record(req, Outcome.already_so, f"replayed: already {prior}", 0, verdict.ts))
                 continue
+            if planned.params.get("alert_only"):
+                # a shared component (a switch) is not ours to act on: alert a human
+                records.append(await self._alert(req, verdict.ts))
+                self.ledger[req.key] = records[-1].outcome.value
+                continue
             if planned.target in held_targets:
                 rec = self._record(req, Outcome.held_by_budget, "held with the isolation of this node", 0, verdict.ts)
                 records.append(rec)
@@ -134,6 +139,12 @@ class Actuation:
             if planned.action is ActionName.escalate and self.notifier is not None:
                 records.append(await self._apply(self.notifier, req, verdict.ts))
         return records
+
+    async def _alert(self, req: ActionRequest, ts: float) -> ActionRecord:
+        if self.notifier is not None:
+            return await self._apply(self.notifier, req, ts)
+        return self._record(req, Outcome.applied, "alert: the verdict is on the verdicts topic (no webhook configured)",
+                            1, ts, "alerts")
 
     async def _escalate_hold(self, verdict: Verdict, req: ActionRequest, reason: str) -> list[ActionRecord]:
         if self.notifier is None:

@@ -19,6 +19,7 @@ bad input.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import time
@@ -39,6 +40,7 @@ from schemas import (
     NetworkSample,
     NodeNotice,
     Record,
+    SwitchNotice,
     Verdict,
     dead_letter,
     decode,
@@ -136,6 +138,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     t_anom, t_verdicts, t_actions = topic("anomalies"), topic("verdicts"), topic("actions")
     t_dead = topic("deadletter")
     t_node_in, t_job_in = topic("internal.node-notices"), topic("internal.job-notices")
+    t_switch_in = topic("internal.switch-notices")
     node_source = app.topic(specs["anomalies"].name, specs["internal.node-notices"].name,
                             partitions=s.kafka.partitions, key_type=bytes, value_type=bytes)
     job_source = app.topic(specs["telemetry.job"].name, specs["internal.job-notices"].name,
@@ -146,13 +149,15 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                                schema=json_schema)
     job_to_history = app.Table("job_to_history", default=None, partitions=s.kafka.partitions,
                                schema=json_schema)
+    switch_to_state = app.Table("switch_to_state", default=None, partitions=s.kafka.partitions,
+                                schema=json_schema)
     action_to_outcome = app.Table("action_to_outcome", default=None, partitions=s.kafka.decision_partitions,
                                   schema=json_schema)
     breaker_state = app.Table("breaker_state", default=None, partitions=s.kafka.decision_partitions,
                               schema=json_schema)
 
     gpu_detection = GpuDetection(s.detectors, capacity=s.safety.fleet_size)
-    net_detection = NetworkDetection(s.detectors, capacity=s.safety.fleet_size)
+    net_detection = NetworkDetection(s.detectors, capacity=s.safety.fleet_size, net=s.network)
     peer_detection = PeerDetection(s.detectors)
     breaker = CircuitBreaker(max_fraction=s.safety.max_fraction, max_absolute=s.safety.max_absolute,
                              window_s=s.safety.window_s)
@@ -161,6 +166,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                              "actions": 0, "first_telemetry_at": 0.0, "last_telemetry_at": 0.0}
     app.fleetmedic_stats = stats  # type: ignore[attr-defined]
     pending_ticks: dict[str, float] = {}
+    switch_ticks: dict[str, float] = {}
     state: dict[str, Any] = {"actuation": None, "ticks_scanned": False, "telemetry_consumer": None}
 
     def nodes_seen() -> int:
@@ -219,6 +225,8 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             await t_node_in.send(key=n.node.encode(), value=n.to_json())
         for j in d.job_notices:
             await t_job_in.send(key=j.job.encode(), value=j.to_json())
+        for w in d.switch_notices:
+            await t_switch_in.send(key=w.switch.encode(), value=w.to_json())
 
     # ------------------------------------------------------------------ detection agents
 
@@ -246,10 +254,34 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                 await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, f"detector error: {exc!r}")
             return
         await emit_anomalies(anomalies)
+        if detection is net_detection and samples:
+            refit_network(samples[-1].ts)
         now = time.time()
         if not stats["first_telemetry_at"]:
             stats["first_telemetry_at"] = now
         stats["last_telemetry_at"] = now
+
+    def refit_network(now: float) -> None:
+        """Fit the fabric model in a worker thread when due; the stream never waits for it."""
+        if state.get("refitting") or not net_detection.refit_due(now):
+            return
+        state["refitting"] = True
+        rows = net_detection.training_rows()
+
+        async def fit() -> None:
+            try:
+                t0 = time.perf_counter()
+                model = await asyncio.to_thread(net_detection.fit_model, rows, now)
+                net_detection.install(model, now)
+                log.info("fabric model %s fitted on %d port windows in %.2fs (threshold %.3f)",
+                         model.name, model.fitted_rows, time.perf_counter() - t0, model.threshold)
+            except Exception:
+                log.exception("fabric model fit failed; scoring goes on with the previous model")
+                net_detection.fitted_at = now
+            finally:
+                state["refitting"] = False
+
+        state["refit_task"] = asyncio.ensure_future(fit())
 
     telemetry = {specs["telemetry.gpu"].name: (GpuSample, gpu_detection, "GPU"),
                  specs["telemetry.network"].name: (NetworkSample, net_detection, "network")}
@@ -362,7 +394,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                 if isinstance(rec, Anomaly):
                     d = policy.node_on_anomaly(health, rec, s.policy)
                 else:
-                    d = policy.node_on_notice(health, rec, s.policy)
+                    d = policy.node_on_notice(health, rec, s.policy, s.network)
             except Exception as exc:
                 log.exception("node policy failed for %s", node)
                 await send_dead(event, f"policy error: {exc!r}")
@@ -397,6 +429,35 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             elif hist.get("pending") is None:
                 pending_ticks.pop(rec.job, None)
             await emit_decision(d)
+
+    @app.agent(t_switch_in, name="track_switches")
+    async def track_switches(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            rec = await decode_event(event, SwitchNotice)
+            if rec is None:
+                continue
+            st = switch_to_state.get(rec.switch) or policy.new_switch_state(rec.switch)
+            try:
+                d = policy.switch_on_notice(st, rec, s.network)
+            except Exception as exc:
+                log.exception("switch policy failed for %s", rec.switch)
+                await send_dead(event, f"policy error: {exc!r}")
+                continue
+            switch_to_state[rec.switch] = st
+            if st["pending"]:
+                switch_ticks[rec.switch] = min(st["pending"].values())
+            else:
+                switch_ticks.pop(rec.switch, None)
+            await emit_decision(d)
+
+    @app.timer(interval=1.0)
+    async def send_switch_ticks() -> None:
+        """Wake the switch track when a lone node's hold runs out (event time ~ wall time)."""
+        now = time.time()
+        for sw in [w for w, t in switch_ticks.items() if t <= now]:
+            switch_ticks.pop(sw, None)
+            tick = SwitchNotice(ts=now, switch=sw, node="-", kind="tick")
+            await t_switch_in.send(key=sw.encode(), value=tick.to_json())
 
     @app.timer(interval=0.25)
     async def send_ticks() -> None:
@@ -469,6 +530,9 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     @app.page("/fleetmedic/stats")
     async def stats_view(web: Any, request: Any) -> Any:
         return web.json({**stats, "nodes_seen": nodes_seen(), "late_samples": gpu_detection.late + net_detection.late,
+                         "fabric_model": {"name": net_detection.model.name, "ready": net_detection.model.ready,
+                                          "fits": net_detection.fits,
+                                          "training_rows": min(net_detection.reservoir_seen, 20000)},
                          "breaker_used": len(breaker.snapshot()), "detector_state_bytes": gpu_detection.nbytes() + net_detection.nbytes(),
                          "timing": timing,
                          "rss_bytes": _rss_bytes()})

@@ -6,6 +6,7 @@
     fleetmedic watch-slurm publish a Slurm controller's job state changes on telemetry.job
     fleetmedic watch-k8s   publish a Kubernetes cluster's pod and Job failures on telemetry.job
     fleetmedic collect     node agent: NVML, dcgm-exporter and InfiniBand counters -> telemetry
+    fleetmedic eval-network the network track on a seeded fabric scenario suite
     fleetmedic bench       throughput, latency, scale-out and memory against a baseline consumer
     fleetmedic topics      create fleetmedic's topics on a broker
     fleetmedic schemas     write the JSON Schema files of every record
@@ -281,6 +282,22 @@ async def _publish_agent(s: Settings, agent: Any) -> None:
         await producer.stop()
 
 
+def cmd_eval_network(args: argparse.Namespace) -> int:
+    """The network track on a seeded fabric scenario suite (see pipeline/eval_network.py)."""
+    _logging("warning")
+    from .eval_network import run
+
+    r = run(nodes=args.nodes, leaves=args.leaves, epochs=args.epochs, seed=args.seed, model=args.model,
+            out=Path(args.out), compare_models=not args.no_compare,
+            say=lambda *a: print(*a, file=sys.stderr, flush=True))
+    print(f"results: {args.out}", file=sys.stderr)
+    node_ok = all((r["kinds"][k]["precision"] or 0) >= 0.95 and (r["kinds"][k]["recall"] or 0) >= 0.95
+                  for k in ("port_degrade", "flap", "nic"))
+    ok = node_ok and r["switch_attribution_accuracy"] >= 0.95 and r["switch_fault_node_isolations"] == 0 \
+        and r["healthy_isolations"] == 0
+    return 0 if ok or not args.check else 1
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Throughput, latency, scale-out and memory against a baseline consumer."""
     _logging("warning")
@@ -400,6 +417,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--fake-nvml", type=int, metavar="GPUS", default=0,
                     help="use a fake NVML with this many simulated H100s (for trying the agent without GPUs)")
     sp.set_defaults(func=cmd_collect)
+
+    sp = sub.add_parser("eval-network", help="score the network track on a seeded fabric scenario suite (JSON)")
+    sp.add_argument("--nodes", type=int, default=256, help="nodes, 4 ports each (default 256)")
+    sp.add_argument("--leaves", type=int, default=8, help="leaf switches (default 8)")
+    sp.add_argument("--epochs", type=int, default=100,
+                    help="epochs; each injects one fault of every kind (default 100: 100 faults per kind)")
+    sp.add_argument("--seed", type=int, default=1)
+    sp.add_argument("--model", choices=["hbos", "ecod", "copod", "iforest"], default="ecod",
+                    help="PyOD model of the run (all four are compared afterwards)")
+    sp.add_argument("--no-compare", action="store_true", help="skip the model comparison")
+    sp.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "network.json"), help="JSON output path")
+    sp.set_defaults(func=cmd_eval_network)
 
     sp = sub.add_parser("bench", help="measure throughput, latency, scale-out and memory (writes JSON)")
     sp.add_argument("--nodes", type=int, default=10000, help="fleet size (default 10000 nodes x 8 GPUs)")

@@ -84,6 +84,22 @@ class PolicySettings(_Section):
     lemon_window_s: float = Field(7 * 86400.0, gt=0)
 
 
+class NetworkSettings(_Section):
+    """The network track (beta): learned fabric-port model and switch attribution."""
+
+    enforce: bool = Field(
+        False, description="act on network verdicts (isolate a node with a bad port); off: alert only (beta)")
+    model: Literal["hbos", "ecod", "copod", "iforest"] = Field(
+        "ecod", description="PyOD model scoring port features (make eval-network compares them)")
+    feature_samples: int = Field(6, ge=2, le=100, description="network samples per feature window")
+    confirm: int = Field(2, ge=1, le=20, description="consecutive flagged windows before a port is anomalous")
+    min_train_rows: int = Field(2000, ge=100, description="healthy port windows needed before the model is fitted")
+    refit_s: float = Field(900.0, gt=0, description="event-time seconds between refits (in a worker thread)")
+    switch_min_nodes: int = Field(3, ge=2, description="nodes with port anomalies under one switch that blame the switch")
+    hold_s: float = Field(60.0, ge=0, description="how long a lone node's port anomaly waits for others under its switch")
+    window_s: float = Field(600.0, gt=0, description="how long a port anomaly counts towards its switch")
+
+
 class SafetySettings(_Section):
     max_fraction: float = Field(0.1, gt=0, le=1, description="largest share of the fleet isolated per window")
     max_absolute: int = Field(50, ge=0, description="largest number of nodes isolated per window")
@@ -154,6 +170,7 @@ class Settings(_Section):
     safety: SafetySettings = Field(default_factory=SafetySettings)
     actuators: ActuatorSettings = Field(default_factory=ActuatorSettings)
     collect: CollectSettings = Field(default_factory=CollectSettings)
+    network: NetworkSettings = Field(default_factory=NetworkSettings)
 
     def topic(self, name: str) -> str:
         return f"{self.kafka.topic_prefix}{name}"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import itertools
 import operator
+import time
 from collections.abc import Iterable, Sequence
-
 from typing import Any
 
 import numpy as np
@@ -26,9 +26,12 @@ from detectors import (
     XidDetector,
     thermal_mask,
 )
+from detectors.fabric import COUNTERS as FABRIC_COUNTERS
+from detectors.fabric import FEATURES as FABRIC_FEATURES
+from detectors.fabric import PortModel, port_features
 from schemas import Anomaly, FaultClass, GpuSample, JobEvent, NetworkSample, Severity, Window
 
-from .config import DetectorSettings
+from .config import DetectorSettings, NetworkSettings
 from .policy import stable_id
 
 
@@ -73,6 +76,8 @@ def _anomaly(detector: str, node: str, f: Finding, ts: float, *, subject_type: s
 
 
 RATE_COUNTERS = ("ecc_sbe", "nvlink", "pcie")
+#: healthy port windows kept for fitting the fabric model
+RESERVOIR = 20000
 #: the per-GPU fields the GPU detectors read, in the order of :func:`_detector_fields`
 DETECTOR_FIELDS = ("ecc_sbe", "nvlink_crc", "nvlink_replay", "nvlink_recovery", "pcie_replay", "ecc_dbe",
                    "throttle", "temp", "remap_failure", "lost")
@@ -388,8 +393,8 @@ class NetFleetState(_NodeRows):
     running totals of symbol-error increments (``W + 1`` entries), as for GPUs.
     """
 
-    def __init__(self, p: int, window: int, capacity: int = 64) -> None:
-        self.p, self.w = p, window
+    def __init__(self, p: int, window: int, capacity: int = 64, feature_samples: int = 6) -> None:
+        self.p, self.w, self.fw = p, window, feature_samples
         self.wiring: list[tuple[tuple[str, str], ...]] = []
         self.ports: list[tuple[str, ...]] = []
         self.switches: list[tuple[str, ...]] = []
@@ -397,8 +402,12 @@ class NetFleetState(_NodeRows):
 
     def _fields(self) -> dict[str, tuple[tuple[int, ...], Any]]:
         p, w = self.p, self.w
-        return {"count": ((), np.int64), "prev": ((2, p), np.float64), "acc": ((p,), np.int64),
-                "ring": ((w + 1, p), np.int32)}
+        fw, c = self.fw, len(FABRIC_COUNTERS)
+        return {"count": ((), np.int64), "prev": ((c, p), np.float64), "acc": ((p,), np.int64),
+                "ring": ((w + 1, p), np.int32),
+                # running totals of every counter and their times over the feature window
+                "ftot": ((c, p), np.float64), "fring": ((fw + 1, c, p), np.float64),
+                "fts": ((fw + 1,), np.float64), "fhit": ((p,), np.int16)}
 
     def node(self, name: str, wiring: tuple[tuple[str, str], ...]) -> int:
         """Row of ``name``; a node whose ports or cabling (port -> switch) changed starts
@@ -415,6 +424,8 @@ class NetFleetState(_NodeRows):
             self.wiring[i], self.ports[i], self.switches[i] = wiring, ports, switches
             self.count[i] = 0
             self.acc[i] = 0
+            self.ftot[i] = 0
+            self.fhit[i] = 0
         return i
 
 
@@ -422,9 +433,20 @@ class NetworkDetection:
     """Fast rules (link down, link flap) and a symbol-error rate test per port, vectorised
     over nodes with the same number of ports, in rounds as :class:`GpuDetection`."""
 
-    def __init__(self, cfg: DetectorSettings, *, capacity: int = 64) -> None:
+    def __init__(self, cfg: DetectorSettings, *, capacity: int = 64, net: NetworkSettings | None = None,
+                 seed: int = 0) -> None:
         self.cfg = cfg
+        self.net = net or NetworkSettings()
         self.capacity = max(64, capacity)
+        self.model = PortModel(self.net.model, seed=seed)
+        self.fitted_at = -np.inf
+        self.fits = 0
+        #: healthy feature rows kept for (re)fitting: a reservoir sample of the fleet
+        self.reservoir = np.zeros((RESERVOIR, len(FABRIC_FEATURES)))
+        self.reservoir_seen = 0
+        self._rng = np.random.default_rng(seed)
+        self.score_s = 0.0
+        self.scored_rows = 0
         self.rate = RateChangeDetector(
             window=cfg.window, recent=cfg.recent, alpha=cfg.alpha, min_events=cfg.min_events,
             kind="symbol_error_rate", fault_class="node_network",
@@ -450,7 +472,7 @@ class NetworkDetection:
             p = len(s.ports)
             f = self.fleets.get(p)
             if f is None:
-                f = self.fleets[p] = NetFleetState(p, self.cfg.window, self.capacity)
+                f = self.fleets[p] = NetFleetState(p, self.cfg.window, self.capacity, self.net.feature_samples)
             i = f.index.get(s.node)
             wiring = tuple((q.port, q.switch) for q in s.ports)
             if i is None or f.wiring[i] != wiring:
@@ -475,15 +497,18 @@ class NetworkDetection:
         idx = np.fromiter((i for i, _ in rnd), dtype=np.int64, count=len(rnd))
         ss = [s for _, s in rnd]
         m, p = len(ss), f.p
-        cur = np.fromiter(chain(chain((q.symbol_errors, q.link_downed) for q in s.ports) for s in ss),
-                          dtype=np.float64, count=m * p * 2).reshape(m, p, 2).transpose(0, 2, 1)  # (m, 2, p)
+        c = len(FABRIC_COUNTERS)
+        cur = np.fromiter(chain(chain((q.symbol_errors, q.link_error_recovery, q.link_downed, q.rcv_errors,
+                                       q.xmit_discards, q.xmit_wait, q.xmit_bytes, q.rcv_bytes) for q in s.ports)
+                                for s in ss),
+                          dtype=np.float64, count=m * p * c).reshape(m, p, c).transpose(0, 2, 1)  # (m, 8, p)
         down = np.fromiter(chain((q.state == "down" for q in s.ports) for s in ss), dtype=bool,
                            count=m * p).reshape(m, p)
         first = f.count[idx] == 0
         delta = np.maximum(cur - f.prev[idx], 0.0)  # a counter that went down was reset
         delta[first] = 0.0
         f.prev[idx] = cur
-        inc_down = delta[:, 1]
+        inc_down = delta[:, 2]
         flagged = down | (inc_down > 0)
         if flagged.any():
             for k, j in zip(*np.nonzero(flagged), strict=True):
@@ -500,8 +525,13 @@ class NetworkDetection:
         count = f.count[idx]
         f.acc[idx] += delta[:, 0].astype(np.int64)
         f.ring[idx, count % (f.w + 1)] = f.acc[idx].astype(np.int32)  # modulo 2**32
+        f.ftot[idx] += delta
+        f.fring[idx, count % (f.fw + 1)] = f.ftot[idx]
+        ts = np.fromiter((s.ts for s in ss), dtype=np.float64, count=m)
+        f.fts[idx, count % (f.fw + 1)] = ts
         count = count + 1
         f.count[idx] = count
+        out.extend(self._model_round(f, rnd, idx, count, flagged))
         full = count > f.w
         if full.any():
             r, w = self.cfg.recent, f.w
@@ -521,6 +551,93 @@ class NetworkDetection:
                     out.append(_anomaly("fabric_rate", s.node, f2, s.ts, subject_type="port",
                                         subject=f"{s.node}/{port}"))
         return out
+
+
+    # ------------------------------------------------------------------ learned model
+
+    def _model_round(self, f: NetFleetState, rnd: list[tuple[int, NetworkSample]], idx: np.ndarray,
+                     count: np.ndarray, ruled: np.ndarray) -> list[Anomaly]:
+        """Features of every port with a full feature window; healthy ones feed the
+        training reservoir, and (once fitted) the model scores all of them at once."""
+        full = count > f.fw
+        if not full.any():
+            return []
+        sel = np.flatnonzero(full)
+        fi, fc, fw = idx[sel], count[sel], f.fw
+        now, then = (fc - 1) % (fw + 1), (fc - 1 - fw) % (fw + 1)
+        inc = np.maximum(f.fring[fi, now] - f.fring[fi, then], 0.0)          # (n, 8, p)
+        secs = f.fts[fi, now] - f.fts[fi, then]
+        feats = port_features(inc, secs)                                     # (n, p, 7)
+        rows = feats.reshape(-1, feats.shape[2])
+        out: list[Anomaly] = []
+        flagged_rows = np.zeros(len(rows), dtype=bool)
+        if self.model.ready:
+            t0 = time.perf_counter()
+            _, flags = self.model.flag(rows)
+            self.score_s += time.perf_counter() - t0
+            self.scored_rows += len(rows)
+            hit = np.zeros((len(sel), f.p), dtype=bool)
+            evidence: dict[tuple[int, int], Any] = {}
+            for fl in flags:
+                k, j = divmod(fl.index, f.p)
+                hit[k, j] = True
+                evidence[(k, j)] = fl
+                flagged_rows[fl.index] = True
+            f.fhit[fi] = np.where(hit, f.fhit[fi] + 1, 0)
+            confirmed = f.fhit[fi] == self.net.confirm
+            for k, j in zip(*np.nonzero(confirmed), strict=True):
+                fl = evidence[(k, j)]
+                s, i = rnd[sel[k]][1], rnd[sel[k]][0]
+                port, switch = f.ports[i][j], f.switches[i][j]
+                top = next(iter(fl.features), "")
+                kind, sev = ("congestion", "info") if top == "wait_per_mb" else ("port_errors", "warning")
+                if self.cooldown.allow((s.node, port, kind), s.ts):
+                    fd = Finding(kind=kind, fault_class="node_network", severity=sev, score=fl.score, index=0,
+                                 gpu=None, evidence={"port": port, "switch": switch, "model": self.model.name,
+                                                     "threshold": round(self.model.threshold, 4),
+                                                     "features": fl.features, "windows": self.net.confirm})
+                    out.append(_anomaly("fabric_model", s.node, fd, s.ts, subject_type="port",
+                                        subject=f"{s.node}/{port}"))
+        # healthy rows (no rule and no model flag on the node) feed the reservoir
+        node_ok = ~ruled[sel].any(axis=1)
+        ok = np.repeat(node_ok, f.p) & ~flagged_rows
+        self._keep(rows[ok])
+        return out
+
+    def _keep(self, rows: np.ndarray) -> None:
+        for row in rows:
+            n = self.reservoir_seen
+            if n < RESERVOIR:
+                self.reservoir[n] = row
+            else:
+                j = int(self._rng.integers(0, n + 1))
+                if j < RESERVOIR:
+                    self.reservoir[j] = row
+            self.reservoir_seen = n + 1
+
+    def refit_due(self, now: float) -> bool:
+        have = min(self.reservoir_seen, RESERVOIR)
+        return have >= self.net.min_train_rows and (not self.model.ready or now - self.fitted_at >= self.net.refit_s)
+
+    def training_rows(self) -> np.ndarray:
+        return self.reservoir[: min(self.reservoir_seen, RESERVOIR)].copy()
+
+    def fit_model(self, rows: np.ndarray, now: float) -> PortModel:
+        """A new model fitted on ``rows`` (slow: call it from a worker thread); install it
+        with :meth:`install`."""
+        return PortModel(self.net.model, seed=self.fits).fit(rows)
+
+    def install(self, model: PortModel, now: float) -> None:
+        self.model = model
+        self.fitted_at = now
+        self.fits += 1
+
+    def refit(self, now: float) -> bool:
+        """Fit in this thread when due (for in-process replays); True if it did."""
+        if not self.refit_due(now):
+            return False
+        self.install(self.fit_model(self.training_rows(), now), now)
+        return True
 
 
 class PeerDetection:

@@ -31,10 +31,11 @@ from schemas import (
     NodeNotice,
     PlannedAction,
     Severity,
+    SwitchNotice,
     Verdict,
 )
 
-from .config import PolicySettings
+from .config import NetworkSettings, PolicySettings
 
 HEALTHY, SUSPECT, ISOLATED, DIAGNOSING, FAILED = "healthy", "suspect", "isolated", "diagnosing", "failed"
 OUT_OF_POOL = frozenset({ISOLATED, DIAGNOSING, FAILED})
@@ -49,6 +50,9 @@ DEGRADE_CLASSES = frozenset(
 )
 
 MAX_KEPT = 64
+
+#: detectors of fabric ports: their anomalies are attributed by the switch track
+FABRIC_DETECTORS = frozenset({"link_rules", "fabric_rate", "fabric_model"})
 
 
 def stable_id(*parts: Any, n: int = 16) -> str:
@@ -89,6 +93,7 @@ class Decision:
     verdicts: list[Verdict] = field(default_factory=list)
     node_notices: list[NodeNotice] = field(default_factory=list)
     job_notices: list[JobNotice] = field(default_factory=list)
+    switch_notices: list[SwitchNotice] = field(default_factory=list)
     #: wall-clock time at which the job track wants a ``tick`` for this job
     tick_at: float | None = None
 
@@ -173,6 +178,15 @@ def node_on_anomaly(h: dict[str, Any], a: Anomaly, cfg: PolicySettings) -> Decis
     h["anomalies"] = (h["anomalies"] + [_anomaly_brief(a)])[-MAX_KEPT:]
     if h["state"] in OUT_OF_POOL:
         return Decision()
+    if a.detector in FABRIC_DETECTORS:
+        # one node's port or its switch? the switch's owner decides (see switch_on_notice)
+        if a.severity is Severity.info:
+            return Decision()
+        switch = str(a.evidence.get("switch") or "unknown")
+        return Decision(switch_notices=[SwitchNotice(
+            ts=a.ts, switch=switch, node=node, kind="port_anomaly", port=a.evidence.get("port"), anomaly=a.id,
+            anomaly_kind=a.kind, evidence={k: v for k, v in a.evidence.items() if k in ("features", "score", "state")},
+        )])
     if a.severity is Severity.critical and a.fault_class in HARD_CLASSES:
         incident = stable_id("node", node, a.id)
         evidence = {"anomalies": [a.id], "kind": a.kind, "gpu": a.gpu, "detector": a.detector, **a.evidence}
@@ -197,9 +211,32 @@ def node_on_anomaly(h: dict[str, Any], a: Anomaly, cfg: PolicySettings) -> Decis
     return Decision()
 
 
-def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings) -> Decision:
-    """What the job track (or diagnostics) says about this node."""
+def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
+                   net: NetworkSettings | None = None) -> Decision:
+    """What the job track, the switch track or diagnostics say about this node."""
     node = n.node
+    if n.kind == "network_fault":
+        if h["state"] in OUT_OF_POOL:
+            return Decision()
+        evidence = {"switch_track": n.reason, "anomalies": [n.signature] if n.signature else [], "detail": n.job}
+        incident = stable_id("node", node, "network", n.signature or n.ts)
+        if net is not None and net.enforce:
+            return _isolate_node(h, node, n.ts, FaultClass.node_network, evidence, confidence=0.85,
+                                 incident=incident, hard=True)
+        # beta: advisory only, the node stays in the pool
+        v = _verdict(ts=n.ts, incident=incident, scope="node", subject=node, fault_class=FaultClass.node_network,
+                     confidence=0.85, actions=[(ActionName.escalate, node, {"reason": "network fault (advisory)",
+                                                                           "advisory": True})],
+                     evidence={**evidence, "advisory": True}, job=h.get("job"), nodes=[node])
+        return Decision(verdicts=[v])
+    if n.kind == "fabric_switch":
+        h["fabric_switch"] = {"switch": n.reason, "ts": n.ts, "incident": n.signature}
+        if h.get("job"):
+            return Decision(job_notices=[JobNotice(
+                ts=n.ts, job=h["job"], node=node, kind="fabric", fault_class=FaultClass.fabric_switch,
+                incident=n.signature or stable_id("switch", n.reason), evidence={"switch": n.reason},
+            )])
+        return Decision()
     if n.kind == "placed":
         h["job"] = n.job
         if h["state"] in OUT_OF_POOL and h.get("incident"):
@@ -322,6 +359,16 @@ def _recent_node_faults(hist: dict[str, Any], nodes: list[str], ts: float, horiz
 
 
 def _decide_hardware(hist: dict[str, Any], ts: float, faults: dict[str, dict], failure: dict | None) -> Decision:
+    first = min(faults.values(), key=lambda f: f["ts"])
+    if all(f["kind"] == "fabric" for f in faults.values()):
+        # a shared switch failed under the job: run it again, no node is to blame
+        v = _job_verdict(hist, ts, first["incident"], FaultClass.fabric_switch, ActionName.requeue, 0.8,
+                         {"node_faults": faults, "failure": failure}, {"exclude": [], "from_checkpoint": True})
+        hist["decided"] = (hist["decided"] + [hist["attempt"]])[-MAX_KEPT:]
+        hist["pending"] = None
+        hist["status"] = "requeued"
+        return Decision(verdicts=[v])
+    faults = {n: f for n, f in faults.items() if f["kind"] != "fabric"}
     first = min(faults.values(), key=lambda f: f["ts"])
     exclude = sorted(faults)
     v = _job_verdict(
@@ -460,7 +507,7 @@ def job_on_notice(hist: dict[str, Any], n: JobNotice, cfg: PolicySettings, wall_
         "kind": n.kind, "fault_class": n.fault_class.value, "incident": n.incident, "ts": n.ts,
     }
     pend = hist["pending"]
-    if n.kind == "node_fault":
+    if n.kind in ("node_fault", "fabric"):
         if pend and pend["kind"] == "failure" and n.node in hist["failures"][-1]["nodes"]:
             faults = _recent_node_faults(hist, hist["failures"][-1]["nodes"], pend["ts"], cfg.degrade_window_s)
             return _decide_hardware(hist, n.ts, faults, hist["failures"][-1])
@@ -481,3 +528,87 @@ def job_on_tick(hist: dict[str, Any], cfg: PolicySettings, wall_now: float, ts: 
     if wall_now < pend["deadline_wall"]:
         return Decision(tick_at=pend["deadline_wall"])
     return _decide_without_node_evidence(hist, max(ts, pend["ts"]), cfg)
+
+
+# ---------------------------------------------------------------------------- switch track
+
+
+def new_switch_state(switch: str) -> dict[str, Any]:
+    return {"switch": switch, "nodes": {}, "pending": {}, "incident": None, "since": 0.0, "last": 0.0}
+
+
+def switch_on_notice(st: dict[str, Any], n: SwitchNotice, net: NetworkSettings) -> Decision:
+    """Port anomalies under one switch: the switch's fault or one node's?
+
+    Several nodes (``switch_min_nodes``) with port anomalies within ``window_s`` blame the
+    switch: one ``fabric_switch`` verdict that escalates the switch, and every affected
+    node is told (so that its job is not blamed and the node is not isolated).  A node
+    alone for ``hold_s`` is the node's own fault: its owner is told ``network_fault``.
+    ``tick`` notices move event time on so that held nodes are decided.
+    """
+    d = Decision()
+    now = max(n.ts, st.get("last", 0.0))
+    st["last"] = now
+    nodes: dict[str, Any] = st["nodes"]
+    for node in [x for x, e in nodes.items() if e["last"] < now - net.window_s]:
+        del nodes[node]
+    if st["incident"] and not nodes:
+        st["incident"] = None  # the switch has been quiet for a window: a new fault is a new incident
+    if n.kind == "port_anomaly":
+        e = nodes.setdefault(n.node, {"first": n.ts, "last": n.ts, "ports": [], "anomalies": [], "kinds": []})
+        e["last"] = max(e["last"], n.ts)
+        if n.port and n.port not in e["ports"]:
+            e["ports"] = (e["ports"] + [n.port])[-8:]
+        if n.anomaly:
+            e["anomalies"] = (e["anomalies"] + [n.anomaly])[-8:]
+        if n.anomaly_kind and n.anomaly_kind not in e["kinds"]:
+            e["kinds"].append(n.anomaly_kind)
+        if st["incident"]:
+            if n.node not in st["pending"] and not e.get("told"):
+                e["told"] = True
+                d.node_notices.append(_fabric_notice(st, n.node, n.ts))
+            return d
+        if len(nodes) >= net.switch_min_nodes:
+            return _blame_switch(st, now, net)
+        if n.node not in st["pending"] and not e.get("decided"):
+            st["pending"][n.node] = n.ts + net.hold_s
+    # decide held nodes whose hold ran out with the switch still below the bar
+    for node, due in sorted(st["pending"].items()):
+        if due <= now and node in nodes:
+            del st["pending"][node]
+            e = nodes[node]
+            e["decided"] = True
+            d.node_notices.append(NodeNotice(
+                ts=now, node=node, kind="network_fault", job=",".join(e["kinds"]) or "port_anomaly",
+                reason=f"port anomalies on {', '.join(e['ports']) or 'ports'} of {node} only, under switch "
+                       f"{st['switch']} ({len(nodes)} of {net.switch_min_nodes} nodes needed to blame it)",
+                signature=e["anomalies"][0] if e["anomalies"] else None,
+            ))
+        elif node not in nodes:
+            del st["pending"][node]
+    return d
+
+
+def _fabric_notice(st: dict[str, Any], node: str, ts: float) -> NodeNotice:
+    return NodeNotice(ts=ts, node=node, kind="fabric_switch", job="-", reason=st["switch"], signature=st["incident"])
+
+
+def _blame_switch(st: dict[str, Any], ts: float, net: NetworkSettings) -> Decision:
+    nodes = st["nodes"]
+    st["incident"] = stable_id("switch", st["switch"], min(e["first"] for e in nodes.values()))
+    st["since"] = ts
+    st["pending"] = {}
+    affected = sorted(nodes)
+    for e in nodes.values():
+        e["told"] = True
+    v = _verdict(
+        ts=ts, incident=st["incident"], scope="switch", subject=st["switch"], fault_class=FaultClass.fabric_switch,
+        confidence=min(0.99, 0.6 + 0.1 * len(affected)),
+        actions=[(ActionName.escalate, st["switch"], {"reason": "degrading switch", "nodes": affected,
+                                                      "alert_only": True})],
+        evidence={"nodes": {n: {"ports": e["ports"], "kinds": e["kinds"], "first": e["first"]}
+                            for n, e in nodes.items()},
+                  "min_nodes": net.switch_min_nodes, "window_s": net.window_s},
+        nodes=affected,
+    )
+    return Decision(verdicts=[v], node_notices=[_fabric_notice(st, n, ts) for n in affected])

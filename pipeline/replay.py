@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from schemas import Anomaly, GpuSample, JobEvent, JobNotice, NetworkSample, NodeNotice, Record, Verdict
+from schemas import Anomaly, GpuSample, JobEvent, JobNotice, NetworkSample, NodeNotice, Record, SwitchNotice, Verdict
 
 from . import policy
 from .config import Settings
@@ -25,10 +25,12 @@ class LocalPipeline:
     def __init__(self, settings: Settings) -> None:
         self.s = settings
         self.gpu = GpuDetection(settings.detectors)
-        self.net = NetworkDetection(settings.detectors)
+        self.net = NetworkDetection(settings.detectors, net=settings.network)
         self.peer = PeerDetection(settings.detectors)
         self.node_to_health: dict[str, dict[str, Any]] = {}
         self.job_to_history: dict[str, dict[str, Any]] = {}
+        self.switch_to_state: dict[str, dict[str, Any]] = {}
+        self.switch_ticks: dict[str, float] = {}
         self.verdicts: list[Verdict] = []
         self.anomalies: list[Anomaly] = []
         self.ticks: dict[str, float] = {}
@@ -41,18 +43,24 @@ class LocalPipeline:
         """Process records in order (event time); returns the verdicts they caused."""
         start = len(self.verdicts)
         gpu_batch: list[GpuSample] = []
+        net_batch: list[NetworkSample] = []
         for rec in records:
             self._advance(rec.ts)
             if isinstance(rec, GpuSample):
+                self._flush_net(net_batch)
                 gpu_batch.append(rec)
                 continue
             self._flush_gpu(gpu_batch)
             if isinstance(rec, NetworkSample):
-                self._anomalies(self.net.process([rec]))
-            else:
-                self._queue.append(rec)
+                if net_batch and (rec.ts > net_batch[0].ts or len(net_batch) >= 1024):
+                    self._flush_net(net_batch)  # one batch per time step, as a live worker sees them
+                net_batch.append(rec)
+                continue
+            self._flush_net(net_batch)
+            self._queue.append(rec)
             self._drain()
         self._flush_gpu(gpu_batch)
+        self._flush_net(net_batch)
         self._drain()
         return self.verdicts[start:]
 
@@ -71,6 +79,13 @@ class LocalPipeline:
             batch.clear()
             self._drain()
 
+    def _flush_net(self, batch: list[NetworkSample]) -> None:
+        if batch:
+            self._anomalies(self.net.process(batch))
+            self.net.refit(batch[-1].ts)
+            batch.clear()
+            self._drain()
+
     def _anomalies(self, anomalies: list[Anomaly]) -> None:
         for a in anomalies:
             self.anomalies.append(a)
@@ -83,6 +98,9 @@ class LocalPipeline:
         for t, job in due:
             del self.ticks[job]
             self._queue.append(JobNotice(ts=max(t, 0.0), job=job, node="-", kind="tick", fault_class="unknown", incident="-"))
+        for t, sw in sorted((t, w) for w, t in self.switch_ticks.items() if t <= self.now):
+            del self.switch_ticks[sw]
+            self._queue.append(SwitchNotice(ts=max(t, 0.0), switch=sw, node="-", kind="tick"))
 
     def _drain(self) -> None:
         while self._queue:
@@ -93,7 +111,14 @@ class LocalPipeline:
                 self._apply(policy.node_on_anomaly(h, rec, self.s.policy))
             elif isinstance(rec, NodeNotice):
                 h = self.node_to_health.setdefault(rec.node, policy.new_node_health())
-                self._apply(policy.node_on_notice(h, rec, self.s.policy))
+                self._apply(policy.node_on_notice(h, rec, self.s.policy, self.s.network))
+            elif isinstance(rec, SwitchNotice):
+                st = self.switch_to_state.setdefault(rec.switch, policy.new_switch_state(rec.switch))
+                self._apply(policy.switch_on_notice(st, rec, self.s.network))
+                if st["pending"]:
+                    self.switch_ticks[rec.switch] = min(st["pending"].values())
+                else:
+                    self.switch_ticks.pop(rec.switch, None)
             elif isinstance(rec, (JobEvent, JobNotice)):
                 hist = self.job_to_history.setdefault(rec.job, policy.new_job_history(rec.job))
                 if isinstance(rec, JobEvent):
@@ -110,3 +135,4 @@ class LocalPipeline:
         self.verdicts.extend(d.verdicts)
         self._queue.extend(d.node_notices)
         self._queue.extend(d.job_notices)
+        self._queue.extend(d.switch_notices)

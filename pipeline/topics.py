@@ -22,6 +22,7 @@ class TopicSpec:
 TABLES = {
     "node_to_health": "partitions",
     "job_to_history": "partitions",
+    "switch_to_state": "partitions",
     "action_to_outcome": "decision_partitions",
     "breaker_state": "decision_partitions",
 }
@@ -55,6 +56,7 @@ def topic_specs(s: Settings) -> dict[str, TopicSpec]:
             "deadletter": 1,
             "internal.node-notices": p,
             "internal.job-notices": p,
+            "internal.switch-notices": p,
         }.items()
     }
 

@@ -21,6 +21,7 @@ from .records import (
     PortSample,
     Record,
     Severity,
+    SwitchNotice,
     Verdict,
     Window,
     XidEvent,
@@ -30,5 +31,5 @@ __all__ = [
     "HARDWARE_CLASSES", "JOB_ACTIONS", "NODE_ACTIONS", "ActionName", "ActionRecord", "Anomaly",
     "DeadLetter", "DecodeError", "FaultClass", "GpuSample", "JobEvent", "JobEventKind", "JobNotice",
     "NetworkSample", "NodeNotice", "Outcome", "PlannedAction", "PortSample", "Record", "Severity",
-    "Verdict", "Window", "XidEvent", "decode", "dead_letter", "encode",
+    "SwitchNotice", "Verdict", "Window", "XidEvent", "decode", "dead_letter", "encode",
 ]

@@ -375,7 +375,8 @@ class NodeNotice(Record):
 
     schema_: Literal["node-notice/1"] = Field("node-notice/1", alias="schema")
     node: str
-    kind: Literal["placed", "released", "job_failed", "diag_started", "diag_passed", "diag_failed"]
+    kind: Literal["placed", "released", "job_failed", "diag_started", "diag_passed", "diag_failed",
+                  "network_fault", "fabric_switch"]
     job: str
     attempt: int = 1
     reason: str | None = None
@@ -388,10 +389,27 @@ class JobNotice(Record):
     schema_: Literal["job-notice/1"] = Field("job-notice/1", alias="schema")
     job: str
     node: str
-    kind: Literal["node_fault", "node_degrading", "tick"]
+    kind: Literal["node_fault", "node_degrading", "fabric", "tick"]
     fault_class: FaultClass
     incident: str
     anomalies: list[str] = Field(default_factory=list)
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class SwitchNotice(Record):
+    """Internal: a fabric-port anomaly of a node, sent to the owner of its switch (key: switch).
+
+    The switch track decides whether anomalies under one switch are the switch's
+    (several nodes at once) or one node's (alone for a hold period).
+    """
+
+    schema_: Literal["switch-notice/1"] = Field("switch-notice/1", alias="schema")
+    switch: str
+    node: str
+    kind: Literal["port_anomaly", "tick"]
+    port: str | None = None
+    anomaly: str | None = None
+    anomaly_kind: str | None = None
     evidence: dict[str, Any] = Field(default_factory=dict)
 
 
