@@ -323,8 +323,13 @@ def compare(nodes: int, leaves: int, interval: float, seed: int, fw: int = 6) ->
         m.scores(xt[:1])
         single = (time.perf_counter() - t1) * 1e3
         flagged = sc > m.threshold
+        _, flags = m.flag(xt)  # the decision rule the detector applies: score and feature gates
+        rule = np.zeros(len(xt), dtype=bool)
+        rule[[f.index for f in flags]] = True
         out[name] = {"auc": float(roc_auc_score(yt, sc)), "recall_at_threshold": float(flagged[yt == 1].mean()),
-                     "false_positive_rate": float(flagged[yt == 0].mean()), "us_per_row": per_row,
+                     "false_positive_rate": float(flagged[yt == 0].mean()),
+                     "recall_flagged": float(rule[yt == 1].mean()), "false_positive_rate_flagged": float(rule[yt == 0].mean()),
+                     "us_per_row": per_row,
                      "single_row_ms": single, "fit_s": fit_s, "rows_scored": int(len(xt))}
     return out
 
@@ -340,9 +345,11 @@ def table(r: dict[str, Any]) -> str:
                  f"node isolations during switch faults {r['switch_fault_node_isolations']}; "
                  f"healthy isolations {r['healthy_isolations']}; congestion isolations {r['congestion_node_isolations']}")
     if "models" in r:
-        lines.append(f"{'model':<10}{'AUC':>7}{'recall@thr':>12}{'FPR':>9}{'us/row':>9}{'1 row ms':>10}")
+        lines.append(f"{'model':<10}{'AUC':>7}{'recall@thr':>12}{'FPR':>9}{'recall(rule)':>14}{'FPR(rule)':>11}"
+                     f"{'us/row':>9}{'1 row ms':>10}")
         for m, v in r["models"].items():
             lines.append(f"{m:<10}{v['auc']:>7.3f}{v['recall_at_threshold']:>12.3f}{v['false_positive_rate']:>9.4f}"
+                         f"{v['recall_flagged']:>14.3f}{v['false_positive_rate_flagged']:>11.4f}"
                          f"{v['us_per_row']:>9.2f}{v['single_row_ms']:>10.2f}")
         lines.append(f"model used: {r.get('model_choice', r['model_used'])}")
     return "\n".join(lines)
