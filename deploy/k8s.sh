@@ -197,8 +197,9 @@ spawn() {
     local name="$1"
     shift
     [[ -s "$LOG_DIR/$name.log" ]] && mv -f "$LOG_DIR/$name.log" "$LOG_DIR/$name.log.prev"
-    # 9>&-: no daemon may hold the state-dir lock
-    setsid "$@" </dev/null >"$LOG_DIR/$name.log" 2>&1 9>&- &
+    # 9>&-: no daemon may hold the state-dir lock; nohup (as deploy/kafka.sh does): $! is
+    # the daemon itself, and a hangup of the starting shell does not reach it
+    nohup "$@" </dev/null >"$LOG_DIR/$name.log" 2>&1 9>&- &
     printf '%s\n' "$!" >"$RUN_DIR/$name.pid"
 }
 
