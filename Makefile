@@ -7,13 +7,14 @@ ARGS ?=
 STAMP := $(VENV)/.installed
 
 
-.PHONY: demo test bench eval-network unit integration lint schemas kafka-start kafka-stop clean help
+.PHONY: demo test bench eval-network chaos unit integration lint schemas kafka-start kafka-stop clean help
 
 help:
 	@echo "make demo   - install, start the embedded Kafka, a worker and the simulated cluster (ARGS=\"--duration 120 --seed 1\")"
 	@echo "make test   - install, start Kafka, run unit + integration tests, stop Kafka"
 	@echo "make bench  - throughput/latency/scale-out/memory of a 10,000-node fleet (ARGS=--quick for a smoke run)"
 	@echo "make eval-network - the network track on 256 nodes / 8 leaf switches / 500 faults (bench/results/network.json)"
+	@echo "make chaos  - 24 worker kills, a broker restart, a 60 s backend outage, 100,000 fuzzed messages (bench/results/chaos.json)"
 	@echo "make lint   - layer contracts (import-linter)"
 
 $(STAMP): pyproject.toml
@@ -32,6 +33,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	@$(PY) -m pipeline bench $(ARGS)
+
+chaos: $(STAMP)
+	@$(PY) -m pipeline chaos $(ARGS)
 
 eval-network: $(STAMP)
 	@$(PY) -m pipeline eval-network $(ARGS)

@@ -7,6 +7,7 @@
     fleetmedic watch-k8s   publish a Kubernetes cluster's pod and Job failures on telemetry.job
     fleetmedic collect     node agent: NVML, dcgm-exporter and InfiniBand counters -> telemetry
     fleetmedic eval-network the network track on a seeded fabric scenario suite
+    fleetmedic chaos       kills, a broker restart, a backend outage and fuzzing during a scenario
     fleetmedic bench       throughput, latency, scale-out and memory against a baseline consumer
     fleetmedic topics      create fleetmedic's topics on a broker
     fleetmedic schemas     write the JSON Schema files of every record
@@ -298,6 +299,19 @@ def cmd_eval_network(args: argparse.Namespace) -> int:
     return 0 if ok or not args.check else 1
 
 
+def cmd_chaos(args: argparse.Namespace) -> int:
+    """Kills, a broker restart, a backend outage and hostile input during a seeded scenario."""
+    _logging("warning")
+    from .chaos import run
+
+    r = run(nodes=args.nodes, duration=args.duration, speed=args.speed, kills=args.kills, outage_s=args.outage,
+            hostile=args.hostile, seed=args.seed, broker_restart=not args.no_broker_restart, out=Path(args.out),
+            say=lambda *a: print(*a, file=sys.stderr, flush=True))
+    print(f"results: {args.out}", file=sys.stderr)
+    ok = r["verdicts_lost"] == 0 and r["duplicate_actuations"] == 0 and r["agent_crashes"] == 0
+    return 0 if ok else 1
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Throughput, latency, scale-out and memory against a baseline consumer."""
     _logging("warning")
@@ -430,6 +444,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "network.json"), help="JSON output path")
     sp.set_defaults(func=cmd_eval_network)
+
+    sp = sub.add_parser("chaos", help="kill workers, restart the broker, take the backend down, fuzz; compare (JSON)")
+    sp.add_argument("--nodes", type=int, default=32)
+    sp.add_argument("--duration", type=float, default=300.0, help="wall seconds of the scenario (default 300)")
+    sp.add_argument("--speed", type=float, default=5.0, help="simulated seconds per wall second (default 5)")
+    sp.add_argument("--kills", type=int, default=24, help="SIGKILLs of the worker at random moments (default 24)")
+    sp.add_argument("--outage", type=float, default=60.0, help="seconds the backend answers 503 (default 60)")
+    sp.add_argument("--hostile", type=int, default=100_000, help="fuzzed malformed messages (default 100000)")
+    sp.add_argument("--seed", type=int, default=1)
+    sp.add_argument("--no-broker-restart", action="store_true")
+    sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "chaos.json"), help="JSON output path")
+    sp.set_defaults(func=cmd_chaos)
 
     sp = sub.add_parser("bench", help="measure throughput, latency, scale-out and memory (writes JSON)")
     sp.add_argument("--nodes", type=int, default=10000, help="fleet size (default 10000 nodes x 8 GPUs)")
