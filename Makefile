@@ -14,7 +14,7 @@ help:
 	@echo "make test   - install, start Kafka, run unit + integration tests, stop Kafka"
 	@echo "make bench  - throughput/latency/scale-out/memory of a 10,000-node fleet (ARGS=--quick for a smoke run)"
 	@echo "make eval-network - the network track on 256 nodes / 8 leaf switches / 500 faults (bench/results/network.json)"
-	@echo "make chaos  - 24 worker kills, a broker restart, a 60 s backend outage, 100,000 fuzzed messages (bench/results/chaos.json)"
+	@echo "make chaos  - 22 worker kills, a broker restart, a 60 s backend outage, 100,000 fuzzed messages (bench/results/chaos.json)"
 	@echo "make lint   - layer contracts (import-linter)"
 
 $(STAMP): pyproject.toml

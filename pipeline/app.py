@@ -124,6 +124,8 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         stream_buffer_maxsize=s.worker.stream_buffer_maxsize,
         broker_max_poll_records=s.worker.max_poll_records,
         consumer_max_fetch_size=s.worker.max_fetch_bytes,
+        broker_session_timeout=s.worker.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, s.worker.session_timeout_s / 4),
     )
     options.update(faust_options)
     app = faust.App(s.kafka.app_id, **options)
@@ -311,6 +313,8 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                 bootstrap_servers=s.kafka.bootstrap, group_id=f"{s.kafka.app_id}-telemetry",
                 enable_auto_commit=False, auto_offset_reset="earliest",
                 max_partition_fetch_bytes=s.worker.max_fetch_bytes, fetch_max_bytes=4 * s.worker.max_fetch_bytes,
+                session_timeout_ms=int(s.worker.session_timeout_s * 1000),
+                heartbeat_interval_ms=int(min(3.0, s.worker.session_timeout_s / 4) * 1000),
             )
             state["telemetry_consumer"] = consumer
             # The hot path allocates many short-lived records; move everything alive now

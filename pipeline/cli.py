@@ -447,9 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("chaos", help="kill workers, restart the broker, take the backend down, fuzz; compare (JSON)")
     sp.add_argument("--nodes", type=int, default=32)
-    sp.add_argument("--duration", type=float, default=300.0, help="wall seconds of the scenario (default 300)")
-    sp.add_argument("--speed", type=float, default=5.0, help="simulated seconds per wall second (default 5)")
-    sp.add_argument("--kills", type=int, default=24, help="SIGKILLs of the worker at random moments (default 24)")
+    sp.add_argument("--duration", type=float, default=400.0, help="wall seconds of the scenario (default 400)")
+    sp.add_argument("--speed", type=float, default=3.0, help="simulated seconds per wall second (default 3)")
+    sp.add_argument("--kills", type=int, default=22, help="SIGKILLs of the worker at random moments (default 22)")
     sp.add_argument("--outage", type=float, default=60.0, help="seconds the backend answers 503 (default 60)")
     sp.add_argument("--hostile", type=int, default=100_000, help="fuzzed malformed messages (default 100000)")
     sp.add_argument("--seed", type=int, default=1)

@@ -18,7 +18,8 @@ def test_short_chaos_run_loses_no_verdict_and_acts_once(kafka_bootstrap, tmp_pat
     from pipeline.chaos import run
 
     # the suite's broker (started by tests/run.sh or the fixture) is the one the harness finds
-    r = run(nodes=16, duration=60, speed=5, kills=3, outage_s=10, hostile=3000, seed=3, broker_restart=False,
+    # the demo's scenario (1,200 simulated seconds: every planned fault has time to show)
+    r = run(nodes=16, duration=120, speed=10, kills=3, outage_s=10, hostile=3000, seed=3, broker_restart=False,
             out=tmp_path / "chaos.json", say=lambda *a: None)
     assert r["kills"] == 3 and r["recoveries_failed"] == 0
     assert r["hostile_inputs"] == 3000 and len(r["hostile_kinds"]) >= 10
