@@ -318,7 +318,10 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
 
         fol = asyncio.create_task(follow())
         await asyncio.gather(simulate(), kill_loop(), broker_restart_once(), backend_outage(), hostile_input())
-        await producer.flush()
+        try:
+            await asyncio.wait_for(producer.flush(), 60)
+        except TimeoutError:
+            say("warning: the harness's producer did not flush within 60 s")
         # drain: every applied fault gets its verdict, every verdict its actions
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
@@ -328,9 +331,14 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
             await asyncio.sleep(2)
         await asyncio.sleep(5)
         stop.set()
-        await fol
-        await follower.stop()
-        await producer.stop()
+        await asyncio.wait_for(fol, 30)
+        # shutting the harness's own clients down must not hang the report (a producer
+        # can keep retrying batches addressed to a leader from before the broker restart)
+        for client in (follower, producer):
+            try:
+                await asyncio.wait_for(client.stop(), 30)
+            except TimeoutError:
+                say(f"warning: {type(client).__name__} did not stop within 30 s")
 
     started = time.monotonic()
     try:

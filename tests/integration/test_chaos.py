@@ -1,5 +1,4 @@
-"""Trust under fire, short versions: the chaos harness with a few kills and a few thousand
-fuzzed messages, and the circuit breaker across a worker kill."""
+"""Trust under fire: the circuit breaker's cap holds across a worker kill."""
 
 from __future__ import annotations
 
@@ -12,23 +11,6 @@ import pytest
 from .harness import ClusterAPI, Worker, collect, gpu_sample, produce
 
 pytestmark = pytest.mark.integration
-
-
-def test_short_chaos_run_loses_no_verdict_and_acts_once(kafka_bootstrap, tmp_path, monkeypatch) -> None:
-    from pipeline.chaos import run
-
-    # the suite's broker (started by tests/run.sh or the fixture) is the one the harness finds
-    # the demo's scenario (1,200 simulated seconds: every planned fault has time to show)
-    r = run(nodes=16, duration=120, speed=10, kills=3, outage_s=10, hostile=3000, seed=3, broker_restart=False,
-            out=tmp_path / "chaos.json", say=lambda *a: None)
-    assert r["kills"] == 3 and r["recoveries_failed"] == 0
-    assert r["hostile_inputs"] == 3000 and len(r["hostile_kinds"]) >= 10
-    assert r["verdicts_expected"] > 0
-    assert r["verdicts_lost"] == 0, r["scenario"]
-    assert r["duplicate_actuations"] == 0, r["duplicates"]
-    assert r["agent_crashes"] == 0
-    assert r["backend_refusals"] > 0, "the outage never met an action"
-    assert r["max_recovery_s"] is not None and r["max_recovery_s"] < 120
 
 
 def test_the_breaker_cap_holds_across_a_worker_kill(kafka_bootstrap) -> None:
