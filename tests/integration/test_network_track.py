@@ -70,7 +70,9 @@ def test_a_degrading_leaf_is_one_switch_verdict_and_a_bad_port_isolates_its_node
     assert not [v for v in node_verdicts if v["subject"] in under], "a node under the bad switch was blamed"
     assert [(v["subject"], v["fault_class"]) for v in node_verdicts] == [(fab.names[40], "node_network")]
     assert [a["action"] for a in node_verdicts[0]["actions"]] == ["isolate", "drain", "diagnose"]
-    actions = collect(kafka_bootstrap, w.topic("actions"), lambda rs: any(a["target"] == leaf for a in rs), timeout=30)
+    actions = collect(kafka_bootstrap, w.topic("actions"),
+                      lambda rs: any(a["target"] == leaf for a in rs)
+                      and any(a["target"] == fab.names[40] and a["action"] == "isolate" for a in rs), timeout=60)
     assert [a["outcome"] for a in actions if a["target"] == leaf] == ["applied"]
     isolated = {a["target"] for a in actions if a["action"] == "isolate"}
     assert isolated == {fab.names[40]}
