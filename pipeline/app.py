@@ -258,6 +258,8 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         await emit_anomalies(anomalies)
         if detection is net_detection and samples:
             refit_network(samples[-1].ts)
+            # event-time watermark of the fabric: the switch track's holds run on it
+            state["net_watermark"] = max(state.get("net_watermark", 0.0), max(x.ts for x in samples))
         now = time.time()
         if not stats["first_telemetry_at"]:
             stats["first_telemetry_at"] = now
@@ -456,8 +458,9 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     @app.timer(interval=1.0)
     async def send_switch_ticks() -> None:
-        """Wake the switch track when a lone node's hold runs out (event time ~ wall time)."""
-        now = time.time()
+        """Wake the switch track when a lone node's hold runs out, in the fabric's event time
+        (the newest network sample seen), so a replayed backlog is judged as it happened."""
+        now = state.get("net_watermark", 0.0)
         for sw in [w for w, t in switch_ticks.items() if t <= now]:
             switch_ticks.pop(sw, None)
             tick = SwitchNotice(ts=now, switch=sw, node="-", kind="tick")
