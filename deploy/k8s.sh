@@ -61,16 +61,6 @@ Environment:
 EOF
 }
 
-need_root_cmd() {
-    if [[ "$(id -u)" -eq 0 ]]; then
-        "$@"
-    elif command -v sudo >/dev/null; then
-        sudo -n "$@"
-    else
-        die "need root (or sudo) to run: $*"
-    fi
-}
-
 etcd_bin() {
     local b
     for b in etcd /usr/bin/etcd /usr/sbin/etcd; do
@@ -81,17 +71,8 @@ etcd_bin() {
 
 ensure_etcd() {
     etcd_bin >/dev/null && return 0
-    command -v apt-get >/dev/null || die "etcd missing and no apt-get to install etcd-server"
     log "etcd missing: installing Debian's etcd-server with apt-get ..."
-    if ! compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; then
-        need_root_cmd apt-get update -qq
-    fi
-    if ! need_root_cmd env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends etcd-server >&2; then
-        need_root_cmd apt-get update -qq
-        need_root_cmd env DEBIAN_FRONTEND=noninteractive \
-            apt-get install -y -qq --no-install-recommends etcd-server >&2
-    fi
+    apt_install etcd-server
     # The package may start a system etcd on 2379; ours uses its own ports.
     etcd_bin >/dev/null || die "etcd still missing after installing etcd-server"
 }
@@ -179,18 +160,8 @@ choose_ports() {
 
 # --------------------------------------------------------------- processes ---
 
-# pid of NAME from its pid file if alive and its command line mentions this state dir
-live_pid() {
-    local file="$RUN_DIR/$1.pid" pid
-    [[ -f "$file" ]] || return 1
-    pid="$(tr -dc '0-9' <"$file")"
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
-    if [[ -r "/proc/$pid/cmdline" ]]; then
-        tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$STATE_DIR" || return 1
-        [[ "$(sed 's/^.*) //' "/proc/$pid/stat" | cut -d' ' -f1)" != Z ]] || return 1
-    fi
-    printf '%s\n' "$pid"
-}
+# pid of component NAME from its pid file if alive and started for this state dir
+component_pid() { live_pid "$RUN_DIR/$1.pid" "$STATE_DIR"; }
 
 # start NAME ARGS... in the background, detached, logging to log/NAME.log
 spawn() {
@@ -203,29 +174,16 @@ spawn() {
     printf '%s\n' "$!" >"$RUN_DIR/$name.pid"
 }
 
-terminate() {
+# stop components NAMES... (those still running)
+stop_components() {
     local name pid pids=() names=()
     for name in "$@"; do
-        if pid="$(live_pid "$name")"; then
+        if pid="$(component_pid "$name")"; then
             pids+=("$pid")
             names+=("$name")
         fi
-        rm -f "$RUN_DIR/$name.pid.stale"
     done
-    [[ ${#pids[@]} -gt 0 ]] || return 0
-    log "stopping ${names[*]} (pid ${pids[*]})"
-    kill -TERM "${pids[@]}" 2>/dev/null || true
-    local deadline=$((SECONDS + STOP_TIMEOUT))
-    for pid in "${pids[@]}"; do
-        while kill -0 "$pid" 2>/dev/null && [[ "$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)" != Z ]]; do
-            if ((SECONDS >= deadline)); then
-                log "pid $pid still alive after ${STOP_TIMEOUT}s; sending SIGKILL"
-                kill -KILL "$pid" 2>/dev/null || true
-                break
-            fi
-            sleep 0.2
-        done
-    done
+    terminate "${names[*]:-nothing}" "${pids[@]}"
 }
 
 show_logs() {
@@ -312,8 +270,8 @@ healthz() { curl -skf --max-time 5 "https://127.0.0.1:$(port_of "$1")/healthz" >
 
 is_running() {
     local c
-    live_pid etcd >/dev/null || return 1
-    for c in "${COMPONENTS[@]}"; do live_pid "$c" >/dev/null || return 1; done
+    component_pid etcd >/dev/null || return 1
+    for c in "${COMPONENTS[@]}"; do component_pid "$c" >/dev/null || return 1; done
     [[ -f "$KUBECONFIG_FILE" ]] && api_ready
 }
 
@@ -327,7 +285,7 @@ wait_for() {
         fi
         local name
         for name in etcd "${COMPONENTS[@]}"; do
-            if [[ -f "$RUN_DIR/$name.pid" ]] && ! live_pid "$name" >/dev/null; then
+            if [[ -f "$RUN_DIR/$name.pid" ]] && ! component_pid "$name" >/dev/null; then
                 show_logs
                 die "$name exited during start (log $LOG_DIR/$name.log)"
             fi
@@ -343,7 +301,7 @@ kubeconfig_line() { printf 'KUBECONFIG=%s\n' "$KUBECONFIG_FILE"; }
 cmd_start() {
     take_lock
     if is_running; then
-        log "already running (kube-apiserver pid $(live_pid kube-apiserver))"
+        log "already running (kube-apiserver pid $(component_pid kube-apiserver))"
         kubeconfig_line
         return 0
     fi
@@ -411,8 +369,8 @@ cmd_start() {
 }
 
 do_stop() {
-    terminate kube-scheduler kube-controller-manager kube-apiserver
-    terminate etcd
+    stop_components kube-scheduler kube-controller-manager kube-apiserver
+    stop_components etcd
     rm -f "$RUN_DIR"/*.pid
 }
 

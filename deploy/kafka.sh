@@ -187,17 +187,7 @@ while True:
 }
 
 # pid of the broker of this state dir, if it is alive (and really ours).
-running_pid() {
-    [[ -f "$PID_FILE" ]] || return 1
-    local pid
-    pid="$(<"$PID_FILE")"
-    [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-    kill -0 "$pid" 2>/dev/null || return 1
-    if [[ -r "/proc/$pid/cmdline" ]]; then
-        tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "$PROPS_FILE" || return 1
-    fi
-    printf '%s\n' "$pid"
-}
+running_pid() { live_pid "$PID_FILE" "$PROPS_FILE"; }
 
 bootstrap_addr() { printf '127.0.0.1:%s\n' "$(<"$PORT_FILE")"; }
 
@@ -385,17 +375,7 @@ cmd_stop() {
         log "not running"
         return 0
     fi
-    log "stopping Kafka (pid $pid)"
-    kill -TERM "$pid" 2>/dev/null || true
-    local deadline=$((SECONDS + KAFKA_STOP_TIMEOUT))
-    while kill -0 "$pid" 2>/dev/null; do
-        if ((SECONDS >= deadline)); then
-            log "still alive after ${KAFKA_STOP_TIMEOUT}s; sending SIGKILL"
-            kill -KILL "$pid" 2>/dev/null || true
-            break
-        fi
-        sleep 0.5
-    done
+    STOP_TIMEOUT="$KAFKA_STOP_TIMEOUT" terminate Kafka "$pid"
     rm -f "$PID_FILE"
     log "stopped"
 }

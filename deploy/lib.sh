@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Shared by deploy/kafka.sh and deploy/slurm.sh (sourced; expects log, die and STATE_DIR).
+# Shared by deploy/kafka.sh, deploy/slurm.sh and deploy/k8s.sh (sourced; expects log,
+# die and STATE_DIR; terminate reads STOP_TIMEOUT, default 30 s).
 
 # hold the state directory's lock (fd 9) so two starts/stops never race
 take_lock() {
@@ -29,4 +30,73 @@ except OSError:
 finally:
     s.close()
 PY
+}
+
+# run a command as root: directly when we are root, else through sudo -n
+need_root_cmd() {
+    if [[ "$(id -u)" -eq 0 ]]; then
+        "$@"
+    elif command -v sudo >/dev/null; then
+        sudo -n "$@"
+    else
+        die "need root (or sudo) to run: $*"
+    fi
+}
+
+# apt-get install PACKAGES quietly; the package lists are updated only when they are
+# empty or the first install fails
+apt_install() {
+    command -v apt-get >/dev/null || die "no apt-get to install $*"
+    if ! compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; then
+        need_root_cmd apt-get update -qq
+    fi
+    if ! need_root_cmd env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends "$@" >&2; then
+        need_root_cmd apt-get update -qq
+        need_root_cmd env DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq --no-install-recommends "$@" >&2
+    fi
+}
+
+# exit status 0 when PID is alive and not a zombie
+pid_alive() {
+    local st
+    kill -0 "$1" 2>/dev/null || return 1
+    [[ -r "/proc/$1/stat" ]] || return 0
+    st="$(sed 's/^.*) //' "/proc/$1/stat" | cut -d' ' -f1)"
+    [[ "$st" != Z && "$st" != X ]]
+}
+
+# pid from FILE if it is alive, not a zombie, and its command line contains NEEDLE
+# (so a recycled pid is not mistaken for ours)
+live_pid() {
+    local file="$1" needle="$2" pid
+    [[ -f "$file" ]] || return 1
+    pid="$(tr -dc '0-9' <"$file")"
+    [[ -n "$pid" ]] && pid_alive "$pid" || return 1
+    if [[ -r "/proc/$pid/cmdline" ]]; then
+        tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$needle" || return 1
+    fi
+    printf '%s\n' "$pid"
+}
+
+# terminate WHAT PIDS...: SIGTERM, wait up to $STOP_TIMEOUT s, then SIGKILL
+terminate() {
+    local what="$1" pid timeout="${STOP_TIMEOUT:-30}"
+    shift
+    [[ $# -gt 0 ]] || return 0
+    log "stopping $what (pid $*)"
+    kill -TERM "$@" 2>/dev/null || true
+    local deadline=$((SECONDS + timeout))
+    for pid in "$@"; do
+        while pid_alive "$pid"; do
+            if ((SECONDS >= deadline)); then
+                log "$what pid $pid still alive after ${timeout}s; sending SIGKILL"
+                kill -KILL "$pid" 2>/dev/null || true
+                sleep 0.2
+                break
+            fi
+            sleep 0.2
+        done
+    done
 }

@@ -20,6 +20,7 @@ FLEETMEDIC_SLURM_CRED_EXPIRE="${FLEETMEDIC_SLURM_CRED_EXPIRE:-10}"
 FLEETMEDIC_SLURM_MIN_JOB_AGE="${FLEETMEDIC_SLURM_MIN_JOB_AGE:-120}"
 FLEETMEDIC_SLURM_START_TIMEOUT="${FLEETMEDIC_SLURM_START_TIMEOUT:-60}"
 FLEETMEDIC_SLURM_STOP_TIMEOUT="${FLEETMEDIC_SLURM_STOP_TIMEOUT:-30}"
+STOP_TIMEOUT="$FLEETMEDIC_SLURM_STOP_TIMEOUT"  # read by terminate (deploy/lib.sh)
 
 STATE_DIR="$STATE_ROOT/slurm"
 CONF="$STATE_DIR/slurm.conf"
@@ -117,36 +118,15 @@ EOF
 
 # ---------------------------------------------------------------- install ---
 
-need_root_cmd() {
-    if [[ "$(id -u)" -eq 0 ]]; then
-        "$@"
-    elif command -v sudo >/dev/null; then
-        sudo -n "$@"
-    else
-        die "need root (or sudo) to run: $*"
-    fi
-}
-
 ensure_installed() {
     local missing=() b
     for b in slurmctld slurmd munged scontrol sinfo squeue sbatch; do
         command -v "$b" >/dev/null || missing+=("$b")
     done
     [[ ${#missing[@]} -eq 0 ]] && return 0
-    command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install slurm-wlm/munge"
     log "missing ${missing[*]}: installing slurm-wlm and munge with apt-get ..."
     local start=$SECONDS
-    export DEBIAN_FRONTEND=noninteractive
-    # Update the package lists only when they are empty or the install fails.
-    if ! compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; then
-        need_root_cmd apt-get update -qq
-    fi
-    if ! need_root_cmd env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends slurm-wlm munge >&2; then
-        need_root_cmd apt-get update -qq
-        need_root_cmd env DEBIAN_FRONTEND=noninteractive \
-            apt-get install -y -qq --no-install-recommends slurm-wlm munge >&2
-    fi
+    apt_install slurm-wlm munge
     for b in slurmctld slurmd munged scontrol; do
         command -v "$b" >/dev/null || die "$b still missing after installing slurm-wlm and munge"
     done
@@ -211,54 +191,10 @@ port_of() { awk -v n="$1" '$1 == n { print $2 }' "$PORTS_FILE"; }
 
 # ------------------------------------------------------------- processes ---
 
-# pid from FILE if it is alive, not a zombie, and its command line
-# contains NEEDLE (so a recycled pid is not mistaken for ours).
-live_pid() {
-    local file="$1" needle="$2" pid st
-    [[ -f "$file" ]] || return 1
-    pid="$(tr -dc '0-9' <"$file")"
-    [[ -n "$pid" ]] || return 1
-    kill -0 "$pid" 2>/dev/null || return 1
-    if [[ -r "/proc/$pid/stat" ]]; then
-        st="$(sed 's/^.*) //' "/proc/$pid/stat" | cut -d' ' -f1)"
-        [[ "$st" != Z && "$st" != X ]] || return 1
-        tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$needle" || return 1
-    fi
-    printf '%s\n' "$pid"
-}
-
-pid_alive() {
-    local st
-    kill -0 "$1" 2>/dev/null || return 1
-    [[ -r "/proc/$1/stat" ]] || return 0
-    st="$(sed 's/^.*) //' "/proc/$1/stat" | cut -d' ' -f1)"
-    [[ "$st" != Z && "$st" != X ]]
-}
-
 munged_pid() { live_pid "$MUNGE_PID" "--key-file=$MUNGE_KEY"; }
 ctld_pid() { live_pid "$CTLD_PID" "$CONF"; }
 slurmd_pid() { live_pid "$RUN_DIR/slurmd-$1.pid" "$CONF"; }
 
-# Terminate PIDS (SIGTERM, wait up to $FLEETMEDIC_SLURM_STOP_TIMEOUT s, SIGKILL).
-terminate() {
-    local what="$1" pid
-    shift
-    [[ $# -gt 0 ]] || return 0
-    log "stopping $what (pid $*)"
-    kill -TERM "$@" 2>/dev/null || true
-    local deadline=$((SECONDS + FLEETMEDIC_SLURM_STOP_TIMEOUT))
-    for pid in "$@"; do
-        while pid_alive "$pid"; do
-            if ((SECONDS >= deadline)); then
-                log "$what pid $pid still alive after ${FLEETMEDIC_SLURM_STOP_TIMEOUT}s; sending SIGKILL"
-                kill -KILL "$pid" 2>/dev/null || true
-                sleep 0.2
-                break
-            fi
-            sleep 0.2
-        done
-    done
-}
 
 # slurmstepd processes started by this cluster's slurmds (they inherit MARKER).
 stepd_pids() {

@@ -169,7 +169,8 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     app.fleetmedic_stats = stats  # type: ignore[attr-defined]
     pending_ticks: dict[str, float] = {}
     switch_ticks: dict[str, float] = {}
-    state: dict[str, Any] = {"actuation": None, "ticks_scanned": False, "telemetry_consumer": None}
+    state: dict[str, Any] = {"actuation": None, "ticks_scanned": False, "switch_ticks_scanned": False,
+                             "telemetry_consumer": None}
 
     def nodes_seen() -> int:
         # the detectors' state holds every node that sent telemetry
@@ -232,9 +233,10 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     # ------------------------------------------------------------------ detection agents
 
-    async def handle_telemetry(msgs: list[Any], model: type[Record], detection: Any, what: str) -> None:
+    async def handle_telemetry(msgs: list[Any], model: type[Record], detection: Any, what: str,
+                               after: Any = None) -> None:
         """Decode a batch of records (``topic``, ``partition``, ``offset``, ``key``, ``value``
-        attributes), detect over it at once, send anomalies."""
+        attributes), detect over it at once, send anomalies; then ``after(samples)``."""
         samples = []
         t0 = time.perf_counter()
         for m in msgs:
@@ -256,14 +258,18 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                 await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, f"detector error: {exc!r}")
             return
         await emit_anomalies(anomalies)
-        if detection is net_detection and samples:
-            refit_network(samples[-1].ts)
-            # event-time watermark of the fabric: the switch track's holds run on it
-            state["net_watermark"] = max(state.get("net_watermark", 0.0), max(x.ts for x in samples))
+        if after is not None and samples:
+            after(samples)
         now = time.time()
         if not stats["first_telemetry_at"]:
             stats["first_telemetry_at"] = now
         stats["last_telemetry_at"] = now
+
+    def after_network(samples: list[NetworkSample]) -> None:
+        newest = max(x.ts for x in samples)
+        # event-time watermark of the fabric: the switch track's holds run on it
+        state["net_watermark"] = max(state.get("net_watermark", 0.0), newest)
+        refit_network(newest)
 
     def refit_network(now: float) -> None:
         """Fit the fabric model in a worker thread when due; the stream never waits for it."""
@@ -275,7 +281,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         async def fit() -> None:
             try:
                 t0 = time.perf_counter()
-                model = await asyncio.to_thread(net_detection.fit_model, rows, now)
+                model = await asyncio.to_thread(net_detection.fit_model, rows)
                 net_detection.install(model, now)
                 log.info("fabric model %s fitted on %d port windows in %.2fs (threshold %.3f)",
                          model.name, model.fitted_rows, time.perf_counter() - t0, model.threshold)
@@ -287,23 +293,24 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
         state["refit_task"] = asyncio.ensure_future(fit())
 
-    telemetry = {specs["telemetry.gpu"].name: (GpuSample, gpu_detection, "GPU"),
-                 specs["telemetry.network"].name: (NetworkSample, net_detection, "network")}
+    telemetry = {specs["telemetry.gpu"].name: (GpuSample, gpu_detection, "GPU", None),
+                 specs["telemetry.network"].name: (NetworkSample, net_detection, "network", after_network)}
 
     if s.worker.telemetry_consumer == "faust":
-        async def detect_batches(stream: faust.StreamT, model: type[Record], detection: Any, what: str) -> None:
+        async def detect_batches(stream: faust.StreamT, topic: str) -> None:
+            model, detection, what, after = telemetry[topic]
             async for events in stream.take_events(s.worker.batch_size, within=s.worker.batch_within_s):
                 msgs = [SimpleNamespace(topic=e.message.topic, partition=e.message.partition,
                                         offset=e.message.offset, key=e.key, value=e.value) for e in events]
-                await handle_telemetry(msgs, model, detection, what)
+                await handle_telemetry(msgs, model, detection, what, after)
 
         @app.agent(t_gpu, name="detect_gpu")
         async def detect_gpu(stream: faust.StreamT) -> None:
-            await detect_batches(stream, GpuSample, gpu_detection, "GPU")
+            await detect_batches(stream, specs["telemetry.gpu"].name)
 
         @app.agent(t_net, name="detect_network")
         async def detect_network(stream: faust.StreamT) -> None:
-            await detect_batches(stream, NetworkSample, net_detection, "network")
+            await detect_batches(stream, specs["telemetry.network"].name)
     else:
         @app.task
         async def consume_telemetry() -> None:
@@ -370,8 +377,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                         if not batch or (deadline is not None and time.monotonic() >= deadline):
                             break
                     for topic, msgs in by_topic.items():
-                        model, detection, what = telemetry[topic]
-                        await handle_telemetry(msgs, model, detection, what)
+                        await handle_telemetry(msgs, *telemetry[topic])
                     offsets.update(fetched)
                     if offsets and time.monotonic() - last_commit >= s.worker.commit_interval_s:
                         await commit()
@@ -386,6 +392,20 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     # ------------------------------------------------------------------ correlator
 
+    async def decide(event: Any, table: Any, key: str, new_state: Any, fn: Any) -> Any:
+        """Run one policy function on ``key``'s state (from ``table``, else ``new_state()``)
+        and store the state; a policy error dead-letters the record (None) and leaves
+        the stored state as it was."""
+        st = table.get(key) or new_state()
+        try:
+            d = fn(st)
+        except Exception as exc:
+            log.exception("policy failed for %s", key)
+            await send_dead(event, f"policy error: {exc!r}")
+            return None
+        table[key] = st
+        return d
+
     @app.agent(node_source, name="track_nodes")
     async def track_nodes(stream: faust.StreamT) -> None:
         anomalies_topic = specs["anomalies"].name
@@ -394,19 +414,14 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             rec = await decode_event(event, model)
             if rec is None:
                 continue
-            node = rec.node if isinstance(rec, NodeNotice) else (rec.node or rec.subject)
-            health = node_to_health.get(node) or policy.new_node_health()
-            try:
-                if isinstance(rec, Anomaly):
-                    d = policy.node_on_anomaly(health, rec, s.policy)
-                else:
-                    d = policy.node_on_notice(health, rec, s.policy, s.network)
-            except Exception as exc:
-                log.exception("node policy failed for %s", node)
-                await send_dead(event, f"policy error: {exc!r}")
-                continue
-            node_to_health[node] = health
-            await emit_decision(d)
+            if isinstance(rec, Anomaly):
+                d = await decide(event, node_to_health, rec.node or rec.subject, policy.new_node_health,
+                                 lambda h: policy.node_on_anomaly(h, rec, s.policy))
+            else:
+                d = await decide(event, node_to_health, rec.node, policy.new_node_health,
+                                 lambda h: policy.node_on_notice(h, rec, s.policy, s.network))
+            if d is not None:
+                await emit_decision(d)
 
     @app.agent(job_source, name="track_jobs")
     async def track_jobs(stream: faust.StreamT) -> None:
@@ -416,23 +431,26 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             rec = await decode_event(event, model)
             if rec is None:
                 continue
-            hist = job_to_history.get(rec.job) or policy.new_job_history(rec.job)
             now = time.time()
-            try:
-                if isinstance(rec, JobEvent):
-                    if rec.event.value == "progress":
-                        await emit_anomalies(peer_detection.process(rec))
-                    d = policy.job_on_event(hist, rec, s.policy, now)
-                else:
-                    d = policy.job_on_notice(hist, rec, s.policy, now)
-            except Exception as exc:
-                log.exception("job policy failed for %s", rec.job)
-                await send_dead(event, f"policy error: {exc!r}")
+            if isinstance(rec, JobEvent) and rec.event.value == "progress":
+                try:
+                    found = peer_detection.process(rec)
+                except Exception as exc:  # a detector bug must not stop the job track
+                    log.exception("peer detection failed for %s", rec.job)
+                    await send_dead(event, f"detector error: {exc!r}")
+                    continue
+                await emit_anomalies(found)
+            if isinstance(rec, JobEvent):
+                d = await decide(event, job_to_history, rec.job, lambda: policy.new_job_history(rec.job),
+                                 lambda h: policy.job_on_event(h, rec, s.policy, now))
+            else:
+                d = await decide(event, job_to_history, rec.job, lambda: policy.new_job_history(rec.job),
+                                 lambda h: policy.job_on_notice(h, rec, s.policy, now))
+            if d is None:
                 continue
-            job_to_history[rec.job] = hist
             if d.tick_at is not None:
                 pending_ticks[rec.job] = d.tick_at
-            elif hist.get("pending") is None:
+            elif job_to_history[rec.job].get("pending") is None:
                 pending_ticks.pop(rec.job, None)
             await emit_decision(d)
 
@@ -442,16 +460,13 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             rec = await decode_event(event, SwitchNotice)
             if rec is None:
                 continue
-            st = switch_to_state.get(rec.switch) or policy.new_switch_state(rec.switch)
-            try:
-                d = policy.switch_on_notice(st, rec, s.network)
-            except Exception as exc:
-                log.exception("switch policy failed for %s", rec.switch)
-                await send_dead(event, f"policy error: {exc!r}")
+            d = await decide(event, switch_to_state, rec.switch, lambda: policy.new_switch_state(rec.switch),
+                             lambda st: policy.switch_on_notice(st, rec, s.network))
+            if d is None:
                 continue
-            switch_to_state[rec.switch] = st
-            if st["pending"]:
-                switch_ticks[rec.switch] = min(st["pending"].values())
+            due = policy.switch_due(switch_to_state[rec.switch])
+            if due is not None:
+                switch_ticks[rec.switch] = due
             else:
                 switch_ticks.pop(rec.switch, None)
             await emit_decision(d)
@@ -460,6 +475,13 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     async def send_switch_ticks() -> None:
         """Wake the switch track when a lone node's hold runs out, in the fabric's event time
         (the newest network sample seen), so a replayed backlog is judged as it happened."""
+        if not state["switch_ticks_scanned"]:
+            # after a restart, pick up lone nodes whose hold was running when the worker stopped
+            state["switch_ticks_scanned"] = True
+            for sw, st in list(switch_to_state.items()):
+                due = policy.switch_due(st or {})
+                if due is not None:
+                    switch_ticks[sw] = due
         now = state.get("net_watermark", 0.0)
         for sw in [w for w, t in switch_ticks.items() if t <= now]:
             switch_ticks.pop(sw, None)

@@ -336,7 +336,6 @@ def run(*, bootstrap: str, nodes: int, rounds: int, net_every: int, latency_seco
     # neighbour on a shared machine then slows both sides of a pair, and the medians
     # are robust to one disturbed run. Every run is kept in the results.
     pairs = []
-    one: dict[str, Any] = {}
     for rep in range(repeat):
         tag = f" (run {rep + 1}/{repeat})" if repeat > 1 else ""
         say(f"baseline: bare aiokafka consumer + the pipeline's decoder{tag}")

@@ -160,6 +160,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok or not args.check else 1
 
 
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT (call it inside the running loop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
 async def _publish_job_events(s: Settings, name: str, run: Callable[..., Awaitable[None]]) -> None:
     """Run a job watcher (``run(emit, stop=...)``) and publish its events on telemetry.job
     until SIGTERM or SIGINT."""
@@ -170,10 +179,7 @@ async def _publish_job_events(s: Settings, name: str, run: Callable[..., Awaitab
     await ensure_topics(s)
     producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap, acks="all")
     await producer.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = _stop_on_signals()
     topic = s.topic("telemetry.job")
     logger = logging.getLogger(f"fleetmedic.{name}")
 
@@ -253,34 +259,17 @@ def cmd_collect(args: argparse.Namespace) -> int:
                       "no dcgm-exporter URL)", file=sys.stderr)
                 return 1
             return 0
-        asyncio.run(_publish_agent(s, agent))
+        from .collect.agent import publish
+
+        async def main() -> None:
+            logging.getLogger("fleetmedic.collect").info("collecting on %s every %.1fs -> %s", agent.node,
+                                                         s.collect.interval_s, s.kafka.bootstrap)
+            await publish(agent, s, _stop_on_signals())
+
+        asyncio.run(main())
     finally:
         agent.close()
     return 0
-
-
-async def _publish_agent(s: Settings, agent: Any) -> None:
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap, acks="all", linger_ms=20,
-                                max_request_size=2 * 1024 * 1024)
-    await producer.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    logging.getLogger("fleetmedic.collect").info("collecting on %s every %.1fs -> %s", agent.node,
-                                                 s.collect.interval_s, s.kafka.bootstrap)
-
-    async def emit(topic: str, key: str, rec: dict) -> None:
-        import orjson
-
-        await producer.send(s.topic(topic), key=key.encode(), value=orjson.dumps(rec))
-
-    try:
-        await agent.run(emit, stop=stop)
-    finally:
-        await producer.stop()
 
 
 def cmd_eval_network(args: argparse.Namespace) -> int:

@@ -78,13 +78,12 @@ def _anomaly(detector: str, node: str, f: Finding, ts: float, *, subject_type: s
 RATE_COUNTERS = ("ecc_sbe", "nvlink", "pcie")
 #: healthy port windows kept for fitting the fabric model
 RESERVOIR = 20000
-#: the per-GPU fields the GPU detectors read, in the order of :func:`_detector_fields`
+#: the per-GPU fields whose changes the GPU detectors read, in the column order of
+#: :func:`_detector_fields` (temperature is read apart: it is throttle evidence only)
 DETECTOR_FIELDS = ("ecc_sbe", "nvlink_crc", "nvlink_replay", "nvlink_recovery", "pcie_replay", "ecc_dbe",
-                   "throttle", "temp", "remap_failure", "lost")
-
-
-#: the fields whose change the detectors must see (all of DETECTOR_FIELDS but temp)
-_EVENT_FIELDS = operator.attrgetter(*(f for f in DETECTOR_FIELDS if f != "temp"))
+                   "throttle", "remap_failure", "lost")
+_EVENT_FIELDS = operator.attrgetter(*DETECTOR_FIELDS)
+SBE, NVL_CRC, NVL_REPLAY, NVL_RECOVERY, PCIE, DBE, THROTTLE, REMAP_FAILURE, LOST = range(len(DETECTOR_FIELDS))
 
 
 def _temperatures(ss: Sequence[GpuSample], g: int) -> np.ndarray:
@@ -97,27 +96,23 @@ def _temperatures(ss: Sequence[GpuSample], g: int) -> np.ndarray:
                         dtype=np.float64).reshape(len(ss), g)
 
 
-def _detector_fields(ss: Sequence[GpuSample], g: int) -> np.ndarray:
-    """The fields of :data:`DETECTOR_FIELDS` of ``ss`` as one (m, 10, g) array.
+def _detector_fields(rows: Sequence[tuple], g: int) -> np.ndarray:
+    """``(m, 9, g)`` array of samples' :data:`DETECTOR_FIELDS` tuples (from ``_EVENT_FIELDS``).
 
     One conversion for the whole round when every field is complete (what simulators
     and most agents send); otherwise absent fields and ``null`` entries (unsupported,
     or a lost GPU) count as 0: no evidence, never a fault.
     """
+    c = len(DETECTOR_FIELDS)
     chain = itertools.chain.from_iterable
     try:
-        return np.fromiter(
-            chain(chain((s.ecc_sbe, s.nvlink_crc, s.nvlink_replay, s.nvlink_recovery, s.pcie_replay, s.ecc_dbe,
-                         s.throttle, s.temp, s.remap_failure, s.lost)) for s in ss),
-            dtype=np.float64, count=len(ss) * 10 * g,
-        ).reshape(len(ss), 10, g)
+        return np.fromiter(chain(chain(rows)), dtype=np.float64, count=len(rows) * c * g).reshape(len(rows), c, g)
     except TypeError:  # a None field or entry
-        out = np.zeros((len(ss), len(DETECTOR_FIELDS), g), dtype=np.float64)
-        for k, s in enumerate(ss):
-            for c, name in enumerate(DETECTOR_FIELDS):
-                values = getattr(s, name)
+        out = np.zeros((len(rows), c, g), dtype=np.float64)
+        for k, row in enumerate(rows):
+            for j, values in enumerate(row):
                 if values is not None:
-                    out[k, c] = [0.0 if v is None else v for v in values]
+                    out[k, j] = [0.0 if v is None else v for v in values]
         return out
 
 
@@ -302,10 +297,12 @@ class GpuDetection:
         # only the others are converted to arrays.
         seen, quiet = f.seen, f.quiet
         moved: list[int] = []
+        moved_rows: list[tuple] = []
         for k, (i, s) in enumerate(rnd):
             t = _EVENT_FIELDS(s)
             if not quiet[i] or t != seen[i]:
                 moved.append(k)
+                moved_rows.append(t)
             seen[i] = t
         delta = np.zeros((m, 4, g))
         remap = np.zeros((m, g), dtype=bool)
@@ -313,17 +310,18 @@ class GpuDetection:
         thermal = np.zeros((m, g), dtype=np.int64)
         if moved:
             mv = np.asarray(moved, dtype=np.int64)
-            raw = _detector_fields([ss[k] for k in moved], g)
-            cur = np.stack([raw[:, 0], raw[:, 1] + raw[:, 2] + raw[:, 3], raw[:, 4], raw[:, 5]], axis=1)  # (n, 4, g)
+            raw = _detector_fields(moved_rows, g)
+            cur = np.stack([raw[:, SBE], raw[:, NVL_CRC] + raw[:, NVL_REPLAY] + raw[:, NVL_RECOVERY], raw[:, PCIE],
+                            raw[:, DBE]], axis=1)  # (n, 4, g)
             midx = idx[mv]
             # A counter that went down was reset (driver reload): count no increment.
             d = np.maximum(cur - f.prev[midx], 0.0)
             d[f.count[midx] == 0] = 0.0
             delta[mv] = d
             f.prev[midx] = cur
-            remap[mv] = raw[:, 8] > 0
-            lost[mv] = raw[:, 9] > 0
-            thermal[mv] = thermal_mask(raw[:, 6].astype(np.int64))
+            remap[mv] = raw[:, REMAP_FAILURE] > 0
+            lost[mv] = raw[:, LOST] > 0
+            thermal[mv] = thermal_mask(raw[:, THROTTLE].astype(np.int64))
             calm = ~(remap[mv].any(axis=1) | lost[mv].any(axis=1) | (thermal[mv] != 0).any(axis=1))
             for k, c in zip(moved, calm.tolist(), strict=True):
                 quiet[rnd[k][0]] = c
@@ -605,15 +603,19 @@ class NetworkDetection:
         return out
 
     def _keep(self, rows: np.ndarray) -> None:
-        for row in rows:
-            n = self.reservoir_seen
-            if n < RESERVOIR:
-                self.reservoir[n] = row
-            else:
-                j = int(self._rng.integers(0, n + 1))
-                if j < RESERVOIR:
-                    self.reservoir[j] = row
-            self.reservoir_seen = n + 1
+        """Reservoir sampling (algorithm R), one batch of rows at a time."""
+        n, k = self.reservoir_seen, len(rows)
+        if k == 0:
+            return
+        fill = max(0, min(k, RESERVOIR - n))
+        self.reservoir[n:n + fill] = rows[:fill]
+        if fill < k:
+            # row t (0-based over all rows seen) replaces a random slot with probability R/(t+1)
+            seen_at = n + np.arange(fill, k)
+            slot = self._rng.integers(0, seen_at + 1)
+            hit = slot < RESERVOIR
+            self.reservoir[slot[hit]] = rows[fill:][hit]
+        self.reservoir_seen = n + k
 
     def refit_due(self, now: float) -> bool:
         have = min(self.reservoir_seen, RESERVOIR)
@@ -622,7 +624,7 @@ class NetworkDetection:
     def training_rows(self) -> np.ndarray:
         return self.reservoir[: min(self.reservoir_seen, RESERVOIR)].copy()
 
-    def fit_model(self, rows: np.ndarray, now: float) -> PortModel:
+    def fit_model(self, rows: np.ndarray) -> PortModel:
         """A new model fitted on ``rows`` (slow: call it from a worker thread); install it
         with :meth:`install`."""
         return PortModel(self.net.model, seed=self.fits).fit(rows)
@@ -636,7 +638,7 @@ class NetworkDetection:
         """Fit in this thread when due (for in-process replays); True if it did."""
         if not self.refit_due(now):
             return False
-        self.install(self.fit_model(self.training_rows(), now), now)
+        self.install(self.fit_model(self.training_rows()), now)
         return True
 
 

@@ -301,9 +301,9 @@ def compare(nodes: int, leaves: int, interval: float, seed: int, fw: int = 6) ->
                     continue
                 if f.kind == "leaf":
                     lab[fab.leaf_of == f.leaf] = 1
-                elif f.kind in ("nic",):
+                elif f.kind == "nic":
                     lab[f.node] = 1
-                elif f.kind != "congestion" or True:
+                else:
                     lab[f.node, f.port] = 1
             labels.append((t, feats, lab.reshape(-1)))
     healthy_rows = np.concatenate([x for t, x, _ in labels if t < 2 * 600])

@@ -27,7 +27,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -335,11 +335,3 @@ class KubernetesJobWatcher:
             "resumes": sum(w.resumes for w in self.loops),
             "errors": sum(w.errors for w in self.loops),
         }
-
-
-def events_of(tracker: PodJobTracker, items: Iterable[tuple[str, Any]]) -> list[JobEvent]:
-    """Feed ``(kind, pod)`` pairs through ``tracker`` (convenience for replays and tests)."""
-    out: list[JobEvent] = []
-    for kind, pod in items:
-        out.extend(tracker.on_pod(kind, pod))
-    return out

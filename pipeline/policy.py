@@ -359,22 +359,15 @@ def _recent_node_faults(hist: dict[str, Any], nodes: list[str], ts: float, horiz
 
 
 def _decide_hardware(hist: dict[str, Any], ts: float, faults: dict[str, dict], failure: dict | None) -> Decision:
-    first = min(faults.values(), key=lambda f: f["ts"])
-    if all(f["kind"] == "fabric" for f in faults.values()):
-        # a shared switch failed under the job: run it again, no node is to blame
-        v = _job_verdict(hist, ts, first["incident"], FaultClass.fabric_switch, ActionName.requeue, 0.8,
-                         {"node_faults": faults, "failure": failure}, {"exclude": [], "from_checkpoint": True})
-        hist["decided"] = (hist["decided"] + [hist["attempt"]])[-MAX_KEPT:]
-        hist["pending"] = None
-        hist["status"] = "requeued"
-        return Decision(verdicts=[v])
-    faults = {n: f for n, f in faults.items() if f["kind"] != "fabric"}
-    first = min(faults.values(), key=lambda f: f["ts"])
-    exclude = sorted(faults)
+    """Requeue the job without the nodes at fault; when only a shared switch failed under
+    it (fabric notices alone), requeue it as a fabric fault with no node excluded."""
+    blamed = {n: f for n, f in faults.items() if f["kind"] != "fabric"}
+    first = min((blamed or faults).values(), key=lambda f: f["ts"])
+    fc = FaultClass(first["fault_class"]) if blamed else FaultClass.fabric_switch
     v = _job_verdict(
-        hist, ts, first["incident"], FaultClass(first["fault_class"]), ActionName.requeue, 0.95,
-        {"node_faults": faults, "failure": failure},
-        {"exclude": exclude, "from_checkpoint": True},
+        hist, ts, first["incident"], fc, ActionName.requeue, 0.95 if blamed else 0.8,
+        {"node_faults": blamed or faults, "failure": failure},
+        {"exclude": sorted(blamed), "from_checkpoint": True},
     )
     hist["decided"] = (hist["decided"] + [hist["attempt"]])[-MAX_KEPT:]
     hist["pending"] = None
@@ -587,6 +580,12 @@ def switch_on_notice(st: dict[str, Any], n: SwitchNotice, net: NetworkSettings) 
         elif node not in nodes:
             del st["pending"][node]
     return d
+
+
+def switch_due(st: dict[str, Any]) -> float | None:
+    """Event time at which the switch track wants a ``tick`` (the earliest hold to end)."""
+    pending = st.get("pending") or {}
+    return min(pending.values()) if pending else None
 
 
 def _fabric_notice(st: dict[str, Any], node: str, ts: float) -> NodeNotice:

@@ -115,8 +115,9 @@ class LocalPipeline:
             elif isinstance(rec, SwitchNotice):
                 st = self.switch_to_state.setdefault(rec.switch, policy.new_switch_state(rec.switch))
                 self._apply(policy.switch_on_notice(st, rec, self.s.network))
-                if st["pending"]:
-                    self.switch_ticks[rec.switch] = min(st["pending"].values())
+                due = policy.switch_due(st)
+                if due is not None:
+                    self.switch_ticks[rec.switch] = due
                 else:
                     self.switch_ticks.pop(rec.switch, None)
             elif isinstance(rec, (JobEvent, JobNotice)):

@@ -174,3 +174,22 @@ class Agent:
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             for w in waits:
                 w.cancel()
+
+
+async def publish(agent: Agent, settings: Any, stop: asyncio.Event) -> None:
+    """Run ``agent`` until ``stop``, producing its records to the telemetry topics of
+    ``settings`` (a :class:`pipeline.config.Settings`), keyed by node."""
+    import orjson
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap, acks="all", linger_ms=20,
+                                max_request_size=2 * 1024 * 1024)
+    await producer.start()
+
+    async def emit(topic: str, key: str, rec: dict[str, Any]) -> None:
+        await producer.send(settings.topic(topic), key=key.encode(), value=orjson.dumps(rec))
+
+    try:
+        await agent.run(emit, stop=stop)
+    finally:
+        await producer.stop()

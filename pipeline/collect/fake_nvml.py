@@ -14,7 +14,6 @@ It is a fake: nothing here talks to a GPU.
 from __future__ import annotations
 
 import queue
-import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,8 +88,6 @@ class FakeNVML:
         self.initialised = False
         self.events: queue.Queue[FakeEventData] = queue.Queue()
         self.registered: set[int] = set()
-        self.calls = 0
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ steering
 
@@ -126,7 +123,6 @@ class FakeNVML:
         return _real.NVMLError(code)
 
     def _gpu(self, handle: Any, what: str) -> FakeGpu:
-        self.calls += 1
         if not self.initialised:
             raise self._err(_real.NVML_ERROR_UNINITIALIZED)
         if not isinstance(handle, FakeGpu):

@@ -8,7 +8,6 @@ that are being deleted, and fails or succeeds a pod when a test says so.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -240,11 +239,3 @@ def wait_pod(cluster: Cluster, namespace: str, selector: str, pred: Callable[[An
     def probe() -> Any:
         return next((p for p in cluster.pods(namespace, selector) if pred(p)), None)
     return wait_for(what, probe, timeout)
-
-
-def running_on(pod: Any) -> str | None:
-    return pod.spec.node_name if pod.status.phase == "Running" else None
-
-
-def settle(seconds: float) -> None:
-    time.sleep(seconds)

@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-import orjson
 import pytest
-from aiokafka import AIOKafkaProducer
 
-from pipeline.collect.agent import Agent
+from pipeline.collect.agent import Agent, publish
 from pipeline.collect.fake_nvml import FakeNVML
 from pipeline.config import CollectSettings
 from schemas import GpuSample
@@ -27,19 +25,7 @@ def test_xid79_from_the_agent_isolates_the_node(kafka_bootstrap, tmp_path) -> No
     bg = BackgroundLoop()
     stop = asyncio.Event()
 
-    async def run() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
-        await producer.start()
-
-        async def emit(topic: str, key: str, rec: dict) -> None:
-            await producer.send_and_wait(worker.topic(topic), key=key.encode(), value=orjson.dumps(rec))
-
-        try:
-            await agent.run(emit, stop=stop)
-        finally:
-            await producer.stop()
-
-    fut = asyncio.run_coroutine_threadsafe(run(), bg.loop)
+    fut = asyncio.run_coroutine_threadsafe(publish(agent, worker.settings, stop), bg.loop)
     try:
         # healthy samples flow first; then the GPU falls off the bus
         collect(kafka_bootstrap, worker.topic("telemetry.gpu"), lambda rs: len(rs) >= 3, timeout=30)

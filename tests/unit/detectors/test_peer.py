@@ -85,7 +85,7 @@ def alibaba() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     data = shared_data_dir()
     folder = None if data is None else data / "alibaba-minibatch" / "data"
     if folder is None or not folder.is_dir():
-        pytest.skip("shared data (../shared/data/alibaba-minibatch) is not next to the repository")
+        pytest.fail("shared data (../shared/data/alibaba-minibatch) is not next to the repository")
     return {f"job{j}": _load_job(folder / f"job_{j}_norm.csv") for j in (1, 2, 3)}
 
 

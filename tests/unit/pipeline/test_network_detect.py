@@ -97,3 +97,17 @@ def test_a_node_whose_ports_change_starts_a_new_window() -> None:
     flap = [port(f"mlx5_{p}/1", sym=10_000, downed=9 + (p == 0), k=7, switch="leaf-02") for p in range(3)]
     assert [(a.kind, a.evidence["switch"]) for a in det.process([sample(T0 + 7, flap)])] == [("link_flap", "leaf-02")]
     assert det.nodes == 1
+
+
+def test_the_training_reservoir_is_a_uniform_sample_of_every_healthy_window() -> None:
+    """Reservoir sampling over batches: full after RESERVOIR rows, then late rows still get in."""
+    from pipeline.detect import RESERVOIR
+
+    det = NetworkDetection(DetectorSettings())
+    for b in range(6):  # 6 batches x 10,000 rows, each batch marked by its number
+        det._keep(np.full((10_000, 7), float(b)))
+    assert det.reservoir_seen == 60_000
+    counts = np.bincount(det.reservoir[:, 0].astype(int), minlength=6)
+    assert counts.sum() == RESERVOIR
+    # each batch holds about a sixth of the reservoir (3,333 expected; binomial spread ~ 50)
+    assert (np.abs(counts - RESERVOIR / 6) < 400).all(), counts
