@@ -46,6 +46,7 @@ from schemas import (
     decode,
 )
 
+from . import faust_fixes  # noqa: F401  (patches a message-loss race in Faust recovery on import)
 from . import policy
 from .actuate import Actuation, BackendRouter
 from .config import Settings
