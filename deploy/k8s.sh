@@ -283,9 +283,13 @@ wait_for() {
             show_logs
             die "$what not ready within ${START_TIMEOUT}s (logs in $LOG_DIR)"
         fi
-        local name
+        local name pid
         for name in etcd "${COMPONENTS[@]}"; do
-            if [[ -f "$RUN_DIR/$name.pid" ]] && ! component_pid "$name" >/dev/null; then
+            [[ -f "$RUN_DIR/$name.pid" ]] || continue
+            # the bare pid, not component_pid: until nohup has exec'd, the child's command
+            # line is still this script's, and a busy machine must not read that as an exit
+            pid="$(tr -dc '0-9' <"$RUN_DIR/$name.pid")"
+            if [[ -z "$pid" ]] || ! pid_alive "$pid"; then
                 show_logs
                 die "$name exited during start (log $LOG_DIR/$name.log)"
             fi

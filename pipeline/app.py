@@ -22,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -106,11 +108,23 @@ class Metrics:
         self.breaker_used = Gauge("fleetmedic_breaker_isolations", "isolations counted in the breaker window", registry=self.registry)
 
 
+def data_dir(s: Settings) -> Path:
+    """Where Faust keeps its files: ``worker.data_dir``, else under ``$FLEETMEDIC_STATE``
+    or ``~/.cache/fleetmedic`` (never the working directory)."""
+    if s.worker.data_dir:
+        return Path(s.worker.data_dir).expanduser()
+    base = os.environ.get("FLEETMEDIC_STATE") or Path.home() / ".cache" / "fleetmedic"
+    return Path(base) / "faust"
+
+
 def create_app(s: Settings, **faust_options: Any) -> faust.App:
     """Declare the fleetmedic Faust app for ``s``."""
     specs = topic_specs(s)
+    datadir = data_dir(s)
+    datadir.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
     options = dict(
         broker=f"kafka://{s.kafka.bootstrap}",
+        datadir=str(datadir / f"{s.kafka.app_id}-data"),
         store="memory://",
         key_serializer="raw",
         value_serializer="raw",

@@ -151,9 +151,8 @@ def _kafka(cmd: str, env: dict[str, str]) -> str:
     return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
 
 
-async def _send(producer: AIOKafkaProducer, topic: str, key: bytes | None, value: bytes, deadline_s: float = 180) -> None:
-    """Send, retrying through a broker restart."""
-    end = time.monotonic() + deadline_s
+async def _send(producer: AIOKafkaProducer, topic: str, key: bytes | None, value: bytes, end: float) -> None:
+    """Send, retrying through a broker restart until the monotonic time ``end``."""
     while True:
         try:
             await producer.send_and_wait(topic, key=key, value=value)
@@ -166,9 +165,16 @@ async def _send(producer: AIOKafkaProducer, topic: str, key: bytes | None, value
 
 def run(*, nodes: int = 32, duration: float = 400.0, speed: float = 3.0, kills: int = 22, outage_s: float = 60.0,
         hostile: int = 100_000, seed: int = 1, broker_restart: bool = True, out: Path | None = None,
-        say=print) -> dict[str, Any]:
+        bootstrap: str | None = None, say=print) -> dict[str, Any]:
+    """Run the scenario; ``bootstrap`` uses that broker as it is (no broker restart then),
+    else ``deploy/kafka.sh`` starts (and afterwards stops) the embedded one."""
     state = Path(os.environ.get("FLEETMEDIC_STATE", Path.home() / ".cache" / "fleetmedic" / "chaos"))
     env = {**os.environ, "FLEETMEDIC_STATE": str(state)}
+    if bootstrap:
+        if broker_restart:
+            raise ValueError("chaos: a broker given by its address cannot be restarted by the harness")
+        return _run(env, bootstrap, nodes=nodes, duration=duration, speed=speed, kills=kills, outage_s=outage_s,
+                    hostile=hostile, seed=seed, broker_restart=False, out=out, say=say, state=state)
     was_running = subprocess.run(["bash", str(KAFKA_SH), "status"], env=env, capture_output=True,
                                  stdin=subprocess.DEVNULL, timeout=60).returncode == 0
     bootstrap = _kafka("start", env)
@@ -227,6 +233,9 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
     asyncio.run_coroutine_threadsafe(runner.start_api(), side).result(30)
     stats: dict[str, Any] = {"kills": 0, "agent_crashes": 0, "recovery_s": [], "broker_restarts": 0,
                              "broker_down_s": 0.0, "hostile_inputs": 0}
+    say(f"chaos: {nodes} nodes for {duration:.0f} s at {speed:g}x: {kills} worker kills, "
+        f"{'a broker restart, ' if broker_restart else ''}a {outage_s:.0f} s backend outage, {hostile} hostile inputs "
+        f"(worker logs in {logdir})")
     worker = WorkerProcess(wenv, logdir / f"worker-{tag}-0.log")
     wait_ready_or_fail(worker, 120)
     fuzzer = Fuzzer(seed, [])
@@ -257,12 +266,17 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
             cluster.t0 = time.time()
             steps = int(duration * speed)
             start = time.monotonic()
+            # a broker that never comes back must end the run with a report, not hang it
+            give_up = start + duration + 180
             for i in range(steps):
+                if i and i % max(1, steps // 10) == 0:
+                    say(f"chaos: scenario {100 * i // steps}% ({stats['kills']} kills, "
+                        f"{stats['hostile_inputs']} hostile inputs, {len(runner.verdicts)} verdicts so far)")
                 batch = on_side(lambda: (cluster.tick(), cluster.out.copy(), cluster.out.clear())[1])
                 for topic, key, value in batch:
                     if topic == "telemetry.gpu" and not fuzzer.templates:
                         fuzzer.templates.append(orjson.loads(value))
-                    await _send(producer, s.topic(topic), key.encode(), value)
+                    await _send(producer, s.topic(topic), key.encode(), value, give_up)
                 delay = start + (i + 1) / speed - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -283,20 +297,27 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
                 worker = WorkerProcess(wenv, logdir / f"worker-{tag}-{n}.log")
                 ready = await asyncio.to_thread(_wait_ready, worker, 180)
                 stats["recovery_s"].append(time.monotonic() - killed if ready else None)
+                say(f"chaos: kill {n}/{kills}: " + (f"a new worker was ready {time.monotonic() - killed:.1f} s later"
+                                                     if ready else "the new worker was not ready within 180 s"))
 
         async def broker_restart_once() -> None:
             if not broker_restart:
                 return
             await asyncio.sleep(duration * 0.4)
             t = time.monotonic()
+            say("chaos: restarting the broker")
             await asyncio.to_thread(_kafka, "stop", env)
             await asyncio.to_thread(_kafka, "start", env)
             stats["broker_restarts"] += 1
             stats["broker_down_s"] = time.monotonic() - t
+            say(f"chaos: broker back after {stats['broker_down_s']:.1f} s")
 
         async def backend_outage() -> None:
             await asyncio.sleep(duration * 0.6)
+            say(f"chaos: the backend answers 503 for {outage_s:.0f} s")
             outage["until"] = time.time() + outage_s
+            await asyncio.sleep(outage_s)
+            say(f"chaos: the backend is back ({outage['refused']} requests refused meanwhile)")
 
         async def hostile_input() -> None:
             await asyncio.sleep(3)
@@ -316,6 +337,8 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
                         await asyncio.sleep(0.5)
                         continue
                     stats["hostile_inputs"] += 1
+                    if stats["hostile_inputs"] % 20_000 == 0:
+                        say(f"chaos: {stats['hostile_inputs']} hostile inputs sent")
                 await asyncio.sleep(1.0)
 
         fol = asyncio.create_task(follow())
@@ -325,11 +348,16 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
         except TimeoutError:
             say("warning: the harness's producer did not flush within 60 s")
         # drain: every applied fault gets its verdict, every verdict its actions
+        say("chaos: scenario over; waiting for the pipeline to settle")
         deadline = time.monotonic() + 180
+        last_say = 0.0
         while time.monotonic() < deadline:
             r = score(cluster, runner.verdicts, runner.actions)
             if r["hardware_faults_detected"] >= r["hardware_faults"] and time.time() > outage["until"] + 15:
                 break
+            if time.monotonic() - last_say > 15:
+                last_say = time.monotonic()
+                say(f"chaos: {r['hardware_faults_detected']}/{r['hardware_faults']} hardware faults have their verdict")
             await asyncio.sleep(2)
         await asyncio.sleep(5)
         stop.set()

@@ -34,6 +34,8 @@ class KafkaSettings(_Section):
 class WorkerSettings(_Section):
     web_port: int = Field(6066, ge=0, le=65535, description="Faust web server port (0: pick a free one)")
     web_host: str = "127.0.0.1"
+    data_dir: str = Field(
+        "", description="Faust's data directory (empty: $FLEETMEDIC_STATE/faust, else ~/.cache/fleetmedic/faust)")
     telemetry_consumer: Literal["batch", "faust"] = Field(
         "batch", description="telemetry path: 'batch' (consumer batches, fast) or 'faust' (a Faust agent per topic)"
     )

@@ -74,3 +74,16 @@ def test_policy_settings_refuse_unknown_overrides() -> None:
     assert PolicySettings(transient_retries=0).transient_retries == 0
     with pytest.raises(ValueError, match="transient_retry"):
         PolicySettings(transient_retry=1)  # type: ignore[call-arg]
+
+
+def test_faust_data_lives_under_the_state_dir_never_the_working_directory(tmp_path: Path, monkeypatch) -> None:
+    from pipeline.app import create_app, data_dir
+
+    monkeypatch.setenv("FLEETMEDIC_STATE", str(tmp_path / "state"))
+    s = load_settings(environ={"FLEETMEDIC_KAFKA__APP_ID": "fm-dd"})
+    assert data_dir(s) == tmp_path / "state" / "faust"
+    app = create_app(s)
+    assert Path(app.conf.datadir) == tmp_path / "state" / "faust" / "fm-dd-data"
+    assert (tmp_path / "state" / "faust").is_dir()  # Faust itself makes only the last level
+    explicit = load_settings(environ={"FLEETMEDIC_WORKER__DATA_DIR": str(tmp_path / "elsewhere")})
+    assert data_dir(explicit) == tmp_path / "elsewhere"
