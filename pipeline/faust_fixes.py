@@ -13,6 +13,14 @@ seek and the clear is long enough to lose the first records of a partition after
 restart (``tests/integration/test_kafka_smoke.py`` caught it; with an artificially
 slow seek it loses a third of a backlog every time).
 
+A second loss has the same shape: aiokafka's ``seek_to_committed`` seeks only the
+partitions that have a committed offset above 0. A partition newly assigned in a
+rebalance with nothing committed yet (a dead worker's partition that received its first
+records just before it died) keeps whatever position the fetcher reached during
+recovery, and records fetched then but never delivered are skipped. fleetmedic reads
+from the earliest offset, so such partitions are now sought to their earliest offset
+explicitly, as a fresh assignment would be.
+
 The fix keeps Faust's order but closes the window: before the seek, flow control is
 suspended (records fetched meanwhile wait at the queue instead of entering it) and the
 queues are cleared (whatever was fetched before the seek is fetched again by it), and
@@ -29,6 +37,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from faust.tables.recovery import Recovery
+from faust.transport.consumer import ThreadDelegateConsumer
 from mode.utils.queues import FlowControlEvent
 
 _MARK = "_fleetmedic_seek_safe"
@@ -56,12 +65,32 @@ def _seek_safe(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable
     return wrapper
 
 
+def _seek_uncommitted_to_earliest(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    @functools.wraps(method)
+    async def wrapper(self: ThreadDelegateConsumer, *args: Any, **kwargs: Any) -> Any:
+        committed = await method(self, *args, **kwargs)
+        if self.app.conf.consumer_auto_offset_reset != "earliest":
+            return committed
+        changelogs = self.app.tables.changelog_topics
+        fresh = [tp for tp, offset in committed.items() if not offset and tp.topic not in changelogs]
+        if fresh:
+            earliest = await self.earliest_offsets(*fresh)
+            await self.seek_wait({tp: earliest[tp] for tp in fresh if earliest.get(tp) is not None})
+        return committed
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
 def apply() -> None:
-    """Patch :class:`faust.tables.recovery.Recovery` (idempotent)."""
+    """Patch Faust's recovery and its consumer's seek (idempotent)."""
     for name in ("on_recovery_completed", "_resume_streams"):
         method = getattr(Recovery, name)
         if not getattr(method, _MARK, False):
             setattr(Recovery, name, _seek_safe(method))
+    if not getattr(ThreadDelegateConsumer.seek_to_committed, _MARK, False):
+        ThreadDelegateConsumer.seek_to_committed = _seek_uncommitted_to_earliest(  # type: ignore[method-assign]
+            ThreadDelegateConsumer.seek_to_committed)
 
 
 apply()

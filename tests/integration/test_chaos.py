@@ -1,4 +1,5 @@
-"""Trust under fire: the circuit breaker's cap holds across a worker kill."""
+"""Trust under fire: the circuit breaker's cap holds across a worker kill and a
+rebalance; a short chaos scenario loses no verdict and changes nothing twice."""
 
 from __future__ import annotations
 
@@ -13,34 +14,45 @@ from .harness import ClusterAPI, Worker, collect, gpu_sample, produce
 pytestmark = pytest.mark.integration
 
 
-def test_the_breaker_cap_holds_across_a_worker_kill(kafka_bootstrap) -> None:
+def _kill(worker: Worker) -> None:
+    os.killpg(worker.proc.proc.pid, signal.SIGKILL)
+    worker.proc.proc.wait(10)
+
+
+def _same_topics(worker: Worker) -> dict[str, str]:
+    """Another worker of the same application: same topics, same consumer group."""
+    return {k: v for k, v in worker.env.items() if k.startswith("FLEETMEDIC_KAFKA__")}
+
+
+def _storm_across(kafka_bootstrap: str, handover) -> None:
+    """A storm of 8 lost-GPU nodes against a cap of 3 isolations: 2 nodes before the
+    ``handover(worker, env) -> worker`` (a kill and a restart, or a kill with a second
+    worker already in the group), 6 after it. Exactly 3 nodes may be cordoned."""
     from pipeline.config import load_settings
 
     api = ClusterAPI(load_settings(environ={}))
     names = [f"st-{i}" for i in range(8)]
     api.add_nodes(names)
     env = {"FLEETMEDIC_SAFETY__FLEET_SIZE": "40", "FLEETMEDIC_SAFETY__MAX_FRACTION": "1.0",
-           "FLEETMEDIC_SAFETY__MAX_ABSOLUTE": "3"}
-    worker = Worker(kafka_bootstrap, sim_url=api.url, env=env).start()
+           "FLEETMEDIC_SAFETY__MAX_ABSOLUTE": "3", "FLEETMEDIC_WORKER__SESSION_TIMEOUT_S": "8"}
+    workers = [Worker(kafka_bootstrap, sim_url=api.url, env=env).start()]
     lost = [True] + [False] * 7
     try:
-        produce(kafka_bootstrap, [(worker.topic("telemetry.gpu"), n, gpu_sample(n, time.time(), lost=lost))
+        produce(kafka_bootstrap, [(workers[0].topic("telemetry.gpu"), n, gpu_sample(n, time.time(), lost=lost))
                                   for n in names[:2]])
-        collect(kafka_bootstrap, worker.topic("actions"),
+        collect(kafka_bootstrap, workers[0].topic("actions"),
                 lambda rs: sum(1 for a in rs if a["action"] == "isolate" and a["outcome"] == "applied") >= 2, 60)
-        os.killpg(worker.proc.proc.pid, signal.SIGKILL)
-        worker.proc.proc.wait(10)
-        worker = Worker(kafka_bootstrap, sim_url=api.url, env={**env, **{
-            k: v for k, v in worker.env.items() if k.startswith("FLEETMEDIC_KAFKA__")}}).start()
-        produce(kafka_bootstrap, [(worker.topic("telemetry.gpu"), n, gpu_sample(n, time.time(), lost=lost))
+        handover(workers, env, api.url)
+        produce(kafka_bootstrap, [(workers[-1].topic("telemetry.gpu"), n, gpu_sample(n, time.time(), lost=lost))
                                   for n in names[2:]])
         # every node has a settled isolation record, applied or held (the replays after the
         # kill add "already_so" records for the first two, which settle nothing new)
-        actions = collect(kafka_bootstrap, worker.topic("actions"),
+        actions = collect(kafka_bootstrap, workers[-1].topic("actions"),
                           lambda rs: {a["target"] for a in rs if a["action"] == "isolate"
-                                      and a["outcome"] in ("applied", "held_by_budget")} >= set(names), 90)
+                                      and a["outcome"] in ("applied", "held_by_budget")} >= set(names), 120)
     finally:
-        worker.stop()
+        for w in workers:
+            w.stop()
     isolations = [a for a in actions if a["action"] == "isolate"]
     applied = {a["target"] for a in isolations if a["outcome"] == "applied"}
     held = {a["target"] for a in isolations if a["outcome"] == "held_by_budget"}
@@ -49,6 +61,27 @@ def test_the_breaker_cap_holds_across_a_worker_kill(kafka_bootstrap) -> None:
     cordoned = api.state(lambda c: {n.name for n in c.nodes.values() if n.cordoned})
     api.close()
     assert cordoned == applied
+
+
+def test_the_breaker_cap_holds_across_a_worker_kill(kafka_bootstrap) -> None:
+    """SIGKILL, then a new worker: it recovers the breaker's window from the changelog."""
+
+    def restart(workers: list[Worker], env: dict[str, str], sim_url: str) -> None:
+        _kill(workers[0])
+        workers.append(Worker(kafka_bootstrap, sim_url=sim_url, env={**env, **_same_topics(workers[0])}).start())
+
+    _storm_across(kafka_bootstrap, restart)
+
+
+def test_the_breaker_window_moves_to_the_surviving_worker(kafka_bootstrap) -> None:
+    """A second worker joins the group (the partitions are split between the two), then the
+    first dies: its partitions, and the breaker's window with them, move to the survivor."""
+
+    def join_then_die(workers: list[Worker], env: dict[str, str], sim_url: str) -> None:
+        workers.append(Worker(kafka_bootstrap, sim_url=sim_url, env={**env, **_same_topics(workers[0])}).start())
+        _kill(workers[0])
+
+    _storm_across(kafka_bootstrap, join_then_die)
 
 
 def test_a_short_chaos_run_loses_no_verdict_and_changes_nothing_twice(kafka_bootstrap, tmp_path) -> None:
