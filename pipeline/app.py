@@ -29,6 +29,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import faust
+import faust.web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from actuators import CircuitBreaker, RetryPolicy
@@ -186,6 +187,9 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     switch_ticks: dict[str, float] = {}
     state: dict[str, Any] = {"actuation": None, "ticks_scanned": False, "switch_ticks_scanned": False,
                              "telemetry_consumer": None}
+    release = asyncio.Event()  # the batch telemetry consumer reads once this is set
+    if not s.worker.hold_telemetry:
+        release.set()
 
     def nodes_seen() -> int:
         # the detectors' state holds every node that sent telemetry
@@ -372,6 +376,9 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
             consumer.subscribe(list(telemetry), listener=OnRebalance())
             await consumer.start()
+            if not release.is_set():
+                log.info("telemetry held until POST /fleetmedic/release")
+                await release.wait()
 
             try:
                 while not app.should_stop:
@@ -570,6 +577,14 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             assigned = assigned and bool(tc.assignment())
         ok = assigned and not app.rebalancing
         return web.json({"ready": ok, "assigned": assigned}, status=200 if ok else 503)
+
+    @app.page("/fleetmedic/release")
+    class ReleaseTelemetry(faust.web.View):
+        """Start reading telemetry (a worker started with ``worker.hold_telemetry``)."""
+
+        async def post(self, request: Any) -> Any:
+            release.set()
+            return self.json({"released": True})
 
     @app.page("/fleetmedic/stats")
     async def stats_view(web: Any, request: Any) -> Any:

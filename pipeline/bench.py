@@ -146,12 +146,16 @@ async def baseline(bootstrap: str, topics: dict[str, type], total: int) -> float
 def run_workers(env: dict[str, str], count: int, total: int, logdir: Path, timeout: float) -> dict[str, Any]:
     """Start ``count`` workers on a backlog of ``total`` telemetry records; measure their rate."""
     app = f"fleetmedic-bench-{uuid.uuid4().hex[:6]}"
-    wenv = {**env, "FLEETMEDIC_KAFKA__APP_ID": app}
+    # held until every worker has its share of the partitions: otherwise the first one up
+    # reads most of the backlog alone while the next is still starting and joining
+    wenv = {**env, "FLEETMEDIC_KAFKA__APP_ID": app, "FLEETMEDIC_WORKER__HOLD_TELEMETRY": "true"}
     asyncio.run(ensure_topics(load_settings(environ=wenv)))
     workers = [WorkerProcess(wenv, logdir / f"{app}-{i}.log") for i in range(count)]
     try:
         wait_ready(workers)
         idle_rss = [w.stats()["rss_bytes"] for w in workers]
+        for w in workers:
+            w.release()
         done = 0
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -36,6 +36,9 @@ class WorkerSettings(_Section):
     web_host: str = "127.0.0.1"
     data_dir: str = Field(
         "", description="Faust's data directory (empty: $FLEETMEDIC_STATE/faust, else ~/.cache/fleetmedic/faust)")
+    hold_telemetry: bool = Field(
+        False, description="batch telemetry consumer: join the group but read nothing until POST "
+                           "/fleetmedic/release (make bench starts several workers this way so that they begin on the backlog together)")
     telemetry_consumer: Literal["batch", "faust"] = Field(
         "batch", description="telemetry path: 'batch' (consumer batches, fast) or 'faust' (a Faust agent per topic)"
     )

@@ -50,6 +50,12 @@ class WorkerProcess:
         except Exception:  # not listening yet, or 503 while partitions are assigned
             return False
 
+    def release(self) -> None:
+        """Let a worker started with ``worker.hold_telemetry`` read telemetry."""
+        req = urllib.request.Request(f"http://127.0.0.1:{self.web_port}/fleetmedic/release", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
+
     def stats(self) -> dict[str, Any]:
         return self._get("/fleetmedic/stats", 5)
 
