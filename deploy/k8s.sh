@@ -288,7 +288,7 @@ wait_for() {
             [[ -f "$RUN_DIR/$name.pid" ]] || continue
             # the bare pid, not component_pid: until nohup has exec'd, the child's command
             # line is still this script's, and a busy machine must not read that as an exit
-            pid="$(tr -dc '0-9' <"$RUN_DIR/$name.pid")"
+            pid="$(file_pid "$RUN_DIR/$name.pid")"
             if [[ -z "$pid" ]] || ! pid_alive "$pid"; then
                 show_logs
                 die "$name exited during start (log $LOG_DIR/$name.log)"

@@ -67,12 +67,14 @@ pid_alive() {
     [[ "$st" != Z && "$st" != X ]]
 }
 
+# the pid written in FILE (empty when there is none)
+file_pid() { [[ -f "$1" ]] && tr -dc '0-9' <"$1"; true; }
+
 # pid from FILE if it is alive, not a zombie, and its command line contains NEEDLE
 # (so a recycled pid is not mistaken for ours)
 live_pid() {
     local file="$1" needle="$2" pid
-    [[ -f "$file" ]] || return 1
-    pid="$(tr -dc '0-9' <"$file")"
+    pid="$(file_pid "$file")"
     [[ -n "$pid" ]] && pid_alive "$pid" || return 1
     if [[ -r "/proc/$pid/cmdline" ]]; then
         tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$needle" || return 1

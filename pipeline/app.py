@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,10 +48,10 @@ from schemas import (
     decode,
 )
 
-from . import faust_fixes  # noqa: F401  (patches a message-loss race in Faust recovery on import)
+from . import faust_fixes  # noqa: F401  (patches two record-loss races in Faust on import)
 from . import policy
 from .actuate import Actuation, BackendRouter
-from .config import Settings
+from .config import Settings, state_dir
 from .detect import GpuDetection, NetworkDetection, PeerDetection
 from .topics import topic_specs
 
@@ -110,12 +109,11 @@ class Metrics:
 
 
 def data_dir(s: Settings) -> Path:
-    """Where Faust keeps its files: ``worker.data_dir``, else under ``$FLEETMEDIC_STATE``
-    or ``~/.cache/fleetmedic`` (never the working directory)."""
+    """Where Faust keeps its files: ``worker.data_dir``, else ``faust`` in the state dir
+    (never the working directory)."""
     if s.worker.data_dir:
         return Path(s.worker.data_dir).expanduser()
-    base = os.environ.get("FLEETMEDIC_STATE") or Path.home() / ".cache" / "fleetmedic"
-    return Path(base) / "faust"
+    return state_dir("worker") / "faust"
 
 
 def create_app(s: Settings, **faust_options: Any) -> faust.App:

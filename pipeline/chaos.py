@@ -22,6 +22,7 @@ and no worker may die on its own (``agent_crashes``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -39,7 +40,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from .config import load_settings
+from .config import load_settings, state_dir
 from .procs import ROOT, WorkerProcess, free_port
 from .simrun import SimRunner
 from .simulator import SimConfig, score
@@ -172,22 +173,22 @@ def run(*, nodes: int = 32, duration: float = 400.0, speed: float = 3.0, kills: 
         bootstrap: str | None = None, say=print) -> dict[str, Any]:
     """Run the scenario; ``bootstrap`` uses that broker as it is (no broker restart then),
     else ``deploy/kafka.sh`` starts (and afterwards stops) the embedded one."""
-    state = Path(os.environ.get("FLEETMEDIC_STATE", Path.home() / ".cache" / "fleetmedic" / "chaos"))
+    state = state_dir("chaos")
     env = {**os.environ, "FLEETMEDIC_STATE": str(state)}
     # the harness's own clients would log every failed reconnect while the broker restarts
     # (hundreds of lines); the report carries the restart and its length instead
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    scenario = functools.partial(_run, env, nodes=nodes, duration=duration, speed=speed, kills=kills,
+                                 outage_s=outage_s, hostile=hostile, seed=seed, broker_restart=broker_restart,
+                                 out=out, say=say, state=state)
     if bootstrap:
         if broker_restart:
             raise ValueError("chaos: a broker given by its address cannot be restarted by the harness")
-        return _run(env, bootstrap, nodes=nodes, duration=duration, speed=speed, kills=kills, outage_s=outage_s,
-                    hostile=hostile, seed=seed, broker_restart=False, out=out, say=say, state=state)
+        return scenario(bootstrap)
     was_running = subprocess.run(["bash", str(KAFKA_SH), "status"], env=env, capture_output=True,
                                  stdin=subprocess.DEVNULL, timeout=60).returncode == 0
-    bootstrap = _kafka("start", env)
     try:
-        return _run(env, bootstrap, nodes=nodes, duration=duration, speed=speed, kills=kills, outage_s=outage_s,
-                    hostile=hostile, seed=seed, broker_restart=broker_restart, out=out, say=say, state=state)
+        return scenario(_kafka("start", env))
     finally:
         if not was_running:
             _kafka("stop", env)
@@ -359,12 +360,12 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
         deadline = time.monotonic() + 180
         last_say = 0.0
         while time.monotonic() < deadline:
-            r = score(cluster, runner.verdicts, runner.actions)
-            if r["hardware_faults_detected"] >= r["hardware_faults"] and time.time() > outage["until"] + 15:
+            expected, decided = _verdicts(score(cluster, runner.verdicts, runner.actions))
+            if decided >= expected and time.time() > outage["until"] + 15:
                 break
             if time.monotonic() - last_say > 15:
                 last_say = time.monotonic()
-                say(f"chaos: {r['hardware_faults_detected']}/{r['hardware_faults']} hardware faults have their verdict")
+                say(f"chaos: {decided}/{expected} injected faults have their verdict")
             await asyncio.sleep(2)
         await asyncio.sleep(5)
         stop.set()
@@ -388,14 +389,12 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
     sc = score(cluster, runner.verdicts, runner.actions)
     dup = _duplicates(applied)
     rec = [x for x in stats["recovery_s"] if x is not None]
-    expected = sc["hardware_faults"] + sc["transient_faults"] + sc["user_errors"]
-    decided = sc["hardware_faults_detected"] + sc["transient_faults_retried"] + sc["user_errors_stopped"]
+    expected, decided = _verdicts(sc)
     result = {
         "kills": stats["kills"], "broker_restarts": stats["broker_restarts"],
         "broker_down_s": round(stats["broker_down_s"], 1),
         "backend_outage_s": outage_s, "backend_refusals": outage["refused"],
         "hostile_inputs": stats["hostile_inputs"], "hostile_kinds": dict(fuzzer.kinds),
-        # every injected fault calls for a verdict: isolate (hardware), retry (transient), stop (user error)
         "verdicts_expected": expected, "verdicts_lost": expected - decided,
         "duplicate_actuations": len(dup), "duplicates": dup[:20],
         "agent_crashes": stats["agent_crashes"],
@@ -412,6 +411,14 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
               "duplicate_actuations", "agent_crashes", "max_recovery_s", "false_isolations"):
         say(f"{k:<22} {result[k]}")
     return result
+
+
+def _verdicts(sc: dict[str, Any]) -> tuple[int, int]:
+    """(expected, decided): every injected fault calls for a verdict, an isolation for a
+    hardware fault, a retry for a transient one, a stop for a user error."""
+    expected = sc["hardware_faults"] + sc["transient_faults"] + sc["user_errors"]
+    decided = sc["hardware_faults_detected"] + sc["transient_faults_retried"] + sc["user_errors_stopped"]
+    return expected, decided
 
 
 def _wait_ready(worker: WorkerProcess, timeout: float) -> bool:

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, Settings, load_settings
+from .config import ConfigError, Settings, load_settings, state_dir
 from .procs import WorkerProcess, free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +104,7 @@ def _kafka(cmd: str, env: dict[str, str]) -> str:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Kafka + worker + simulator, a live log, and a JSON summary as the last line."""
     _logging("warning")
-    state = Path(os.environ.get("FLEETMEDIC_STATE", Path.home() / ".cache" / "fleetmedic" / "demo"))
+    state = state_dir("demo")
     env = {**os.environ, "FLEETMEDIC_STATE": str(state)}
     if args.kafka_port:
         env["KAFKA_PORT"] = str(args.kafka_port)
@@ -307,7 +307,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import run
 
     env = dict(os.environ)
-    state = Path(os.environ.get("FLEETMEDIC_STATE", Path.home() / ".cache" / "fleetmedic" / "bench"))
+    state = state_dir("bench")
     env["FLEETMEDIC_STATE"] = str(state)
     started = False
     bootstrap = args.bootstrap

@@ -16,6 +16,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
+def state_dir(default: str) -> Path:
+    """The directory a command keeps its services' state in: ``$FLEETMEDIC_STATE``, else
+    ``~/.cache/fleetmedic/<default>`` (deploy/*.sh use the same variable)."""
+    return Path(os.environ.get("FLEETMEDIC_STATE") or Path.home() / ".cache" / "fleetmedic" / default)
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -35,7 +41,7 @@ class WorkerSettings(_Section):
     web_port: int = Field(6066, ge=0, le=65535, description="Faust web server port (0: pick a free one)")
     web_host: str = "127.0.0.1"
     data_dir: str = Field(
-        "", description="Faust's data directory (empty: $FLEETMEDIC_STATE/faust, else ~/.cache/fleetmedic/faust)")
+        "", description="Faust's data directory (empty: $FLEETMEDIC_STATE/faust, else ~/.cache/fleetmedic/worker/faust)")
     hold_telemetry: bool = Field(
         False, description="batch telemetry consumer: join the group but read nothing until POST "
                            "/fleetmedic/release (make bench starts several workers this way so that they begin on the backlog together)")

@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -30,6 +29,8 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from pipeline.procs import free_port
 
 PARTITIONS = 8
 
@@ -189,16 +190,10 @@ async def _collect(bootstrap: str, topic: str, want: int, proc: subprocess.Popen
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_worker(app_py: Path, env: dict[str, str], log_path: Path) -> subprocess.Popen:
     # the worker command opens its web server even with web_enabled=False: on loopback,
     # on a free port, so that two workers (or a leftover one) never collide on 6066
-    web = ["--web-port", str(_free_port()), "--web-bind", "127.0.0.1", "--web-host", "127.0.0.1"]
+    web = ["--web-port", str(free_port()), "--web-bind", "127.0.0.1", "--web-host", "127.0.0.1"]
     with log_path.open("w") as log:
         return subprocess.Popen(
             [sys.executable, str(app_py), "worker", "-l", "warn", *web],
