@@ -6,8 +6,10 @@
 * Telemetry at 1 Hz of simulated time (network every ``network_every`` s), sped up by
   ``speed`` against the wall clock.
 * A catalogue of injectable faults, each with ground truth: transient crash, NCCL
-  timeout, deterministic user bug, Xid 79 (fallen off the bus), ECC DBE, a slow ECC SBE
-  rise that ends in a failure at a set time, NVLink errors, thermal throttling.
+  timeout, deterministic user bug, Xid 79 (fallen off the bus), Xid 119 (GSP timeout),
+  ECC DBE, Xid 95 (uncontained SRAM/HBM error), a slow ECC SBE rise that ends in a
+  failure at a set time, NVLink errors, thermal throttling, a failing NIC, a degrading
+  leaf switch (every node under it sees errors; no node is at fault).
 * A loopback HTTP API (``POST /actions``) through which :class:`actuators.sim.SimBackend`
   acts: isolated nodes get no new jobs, requeued jobs restart elsewhere from their last
   checkpoint, diagnostics run on free isolated nodes and report through ``telemetry.job``.
@@ -36,10 +38,21 @@ GPUS = 8
 PORTS = 4
 HW_THERMAL, SW_THERMAL = 0x40, 0x20
 
-FAULT_KINDS = ("transient_crash", "nccl_timeout", "user_bug", "xid79", "ecc_dbe", "sbe_rise", "nvlink", "thermal")
-HARDWARE_KINDS = frozenset({"xid79", "ecc_dbe", "sbe_rise", "nvlink", "thermal"})
+FAULT_KINDS = ("transient_crash", "nccl_timeout", "user_bug", "xid79", "ecc_dbe", "sbe_rise", "nvlink", "thermal",
+               "xid_gsp", "xid_sram", "nic", "leaf")
+#: faults of a node's own hardware: the node must be isolated
+HARDWARE_KINDS = frozenset({"xid79", "ecc_dbe", "sbe_rise", "nvlink", "thermal", "xid_gsp", "xid_sram", "nic"})
 TRANSIENT_KINDS = frozenset({"transient_crash", "nccl_timeout"})
 DEGRADING_KINDS = frozenset({"sbe_rise", "thermal"})
+#: shared components: their nodes are not at fault
+SWITCH_KINDS = frozenset({"leaf"})
+#: the right verdict's fault class for every kind (design.md, "Fault classes and actions")
+KIND_CLASS = {
+    "transient_crash": "transient_software", "nccl_timeout": "transient_software", "user_bug": "user_error",
+    "xid79": "gpu_hardware", "xid_gsp": "gpu_hardware", "ecc_dbe": "gpu_memory", "xid_sram": "gpu_memory",
+    "nvlink": "nvlink", "nic": "node_network", "leaf": "fabric_switch", "sbe_rise": "node_degrading",
+    "thermal": "node_degrading",
+}
 
 
 def gpu_record(node: str, ts: float, *, util: Any, temp: Any, power: Any, sm_clock: Any = 1980.0,
@@ -74,8 +87,12 @@ class Fault:
     node: str | None = None
     gpu: int = 0
     job: str | None = None
-    fail_at: float | None = None  # sbe_rise / nvlink: when the hardware finally fails
+    fail_at: float | None = None  # sbe_rise / nvlink / thermal: when the hardware finally fails
     applied_ts: float | None = None
+    #: sbe_rise / nvlink: e-folding time (s) of the error rate's rise; None: the demo's fast ramp
+    tau: float | None = None
+    leaf: str | None = None  # leaf: the switch at fault
+    end_at: float | None = None  # leaf / nic: when the component is replaced (None: never)
 
 
 @dataclass
@@ -137,6 +154,7 @@ class SimConfig:
     nodes_per_leaf: int = 16
     faults: str = "demo"  # "demo", "none" or a comma list of kinds
     quiet_tail: float = 250.0  # sim seconds at the end without new faults
+    gpu_every: int = 1  # GPU telemetry period, sim seconds (DCGM's default collection period is 1-30 s)
 
 
 def demo_faults(cfg: SimConfig, rng: random.Random) -> list[Fault]:
@@ -216,7 +234,7 @@ class Cluster:
     def free_nodes(self, exclude: set[str]) -> list[str]:
         return [n.name for n in self.nodes.values()
                 if n.job is None and not n.cordoned and not n.diag_wanted and n.diag_started is None
-                and n.name not in exclude and not (n.broken and n.fault and n.fault.kind in ("xid79",))]
+                and n.name not in exclude and not (n.broken and n.fault and n.fault.kind in ("xid79", "xid_gsp"))]
 
     def new_job(self) -> Job:
         self.job_seq += 1
@@ -273,19 +291,42 @@ class Cluster:
 
     # -------------------------------------------------------------------------- faults
 
+    def _bad_leaves(self) -> set[str]:
+        """Leaves with a switch fault or a failing NIC now: a new network fault there would blur the truth."""
+        out = {f.leaf for f in self.faults if f.kind == "leaf" and f.applied_ts is not None
+               and (f.end_at is None or self.now < f.end_at)}
+        out |= {self.nodes[f.node].leaf for f in self.faults if f.kind == "nic" and f.node and f.applied_ts is not None}
+        return {x for x in out if x}
+
     def _pick_busy_node(self) -> Node | None:
+        bad = self._bad_leaves()
         busy = [n for n in self.nodes.values() if n.job and self.jobs[n.job].status == "running"
-                and not n.fault and not n.cordoned]
+                and not n.fault and not n.cordoned and n.leaf not in bad]
         if not busy:
-            busy = [n for n in self.nodes.values() if not n.fault and not n.cordoned]
+            busy = [n for n in self.nodes.values() if not n.fault and not n.cordoned and n.leaf not in bad]
         return self.rng.choice(busy) if busy else None
 
     def _pick_running_job(self) -> Job | None:
+        bad = self._bad_leaves()
         running = [j for j in self.jobs.values() if j.status == "running"
-                   and not any(self.nodes[n].fault for n in j.nodes)]
+                   and not any(self.nodes[n].fault or self.nodes[n].leaf in bad for n in j.nodes)]
         return self.rng.choice(running) if running else None
 
     def apply_fault(self, f: Fault) -> bool:
+        if f.kind == "leaf":
+            bad = self._bad_leaves()
+            leaves = sorted({n.leaf for n in self.nodes.values()} - bad)
+            # a leaf with running work: its jobs see the errors
+            busy = [lf for lf in leaves if any(n.job and n.leaf == lf for n in self.nodes.values())]
+            if not (busy or leaves):
+                return False
+            f.leaf = self.rng.choice(busy or leaves)
+            f.applied_ts = self.ts()
+            under = [n.name for n in self.nodes.values() if n.leaf == f.leaf]
+            f.job = next((self.nodes[n].job for n in under if self.nodes[n].job), None)
+            self.events.append({"t": self.now, "fault": f.kind, "leaf": f.leaf, "node": None, "job": f.job})
+            log.info("inject %-15s leaf=%s job=%s", f.kind, f.leaf, f.job)
+            return True
         if f.kind in ("transient_crash", "nccl_timeout", "user_bug"):
             j = self._pick_running_job()
             if j is None:
@@ -316,12 +357,25 @@ class Cluster:
                 node.xids.append((g, 79))
                 self._fail_jobs_on(node, "CUDA error: unspecified launch failure",
                                    f"RuntimeError: CUDA error: unspecified launch failure\nGPU {g} has fallen off the bus")
+            elif f.kind == "xid_gsp":
+                node.broken = True
+                node.lost[g] = True
+                node.xids.append((g, 119))
+                self._fail_jobs_on(node, "CUDA error: unknown error",
+                                   f"RuntimeError: CUDA error: unknown error\nNVRM: GPU {g}: Xid 119 GSP RPC timeout")
             elif f.kind == "ecc_dbe":
                 node.broken = True
                 node.dbe[g] += 1
                 node.xids.append((g, 48))
                 self._fail_jobs_on(node, "CUDA error: uncorrectable ECC error encountered",
                                    "RuntimeError: CUDA error: uncorrectable ECC error encountered")
+            elif f.kind == "xid_sram":
+                node.broken = True
+                node.xids.append((g, 95))
+                self._fail_jobs_on(node, "CUDA error: uncorrectable ECC error encountered",
+                                   "RuntimeError: CUDA error: an uncorrectable ECC error was encountered (Xid 95)")
+            elif f.kind == "nic":
+                node.broken = True  # the job fails once the errors break a collective (see tick)
             elif f.kind == "sbe_rise":
                 node.broken = True
                 node.sbe_gpu = g
@@ -332,7 +386,7 @@ class Cluster:
                 node.broken = True
                 node.thermal_gpu = g
         f.applied_ts = self.ts()
-        self.events.append({"t": self.now, "fault": f.kind, "node": f.node, "gpu": f.gpu, "job": f.job})
+        self.events.append({"t": self.now, "fault": f.kind, "node": f.node, "leaf": None, "gpu": f.gpu, "job": f.job})
         log.info("inject %-15s node=%s gpu=%s job=%s", f.kind, f.node, f.gpu if f.node else "-", f.job)
         return True
 
@@ -370,11 +424,37 @@ class Cluster:
                     self._fail_jobs_on(node, "NCCL error: unhandled system error (NVLink)",
                                        "torch.distributed.DistBackendError: NCCL error: unhandled system error, "
                                        "NVLink error detected (Xid 74)")
+                elif f.kind == "thermal":
+                    # the GPU shuts itself down to protect itself: it is gone from the bus
+                    node.lost[f.gpu] = True
+                    node.thermal_gpu = None
+                    node.xids.append((f.gpu, 79))
+                    self.events.append({"t": self.now, "failure": f.kind, "node": f.node, "job": node.job})
+                    self._fail_jobs_on(node, "CUDA error: unspecified launch failure",
+                                       f"RuntimeError: CUDA error: unspecified launch failure\nGPU {f.gpu} has fallen off the bus")
+            if f.kind == "nic" and f.node and f.applied_ts is not None and abs(self.now - f.at - 180.0) < 0.5:
+                node = self.nodes[f.node]
+                self._fail_jobs_on(node, "NCCL error: remote process exited or there was a network error",
+                                   "NCCL WARN NET/IB : Got completion from peer 10.2.0.7<41233> with status=12 "
+                                   "opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:10.2.0.7\n"
+                                   "torch.distributed.DistBackendError: NCCL error: remote process exited or there "
+                                   "was a network error")
+            if f.kind == "leaf" and f.applied_ts is not None and abs(self.now - f.at - 150.0) < 0.5 and f.job:
+                j = self.jobs.get(f.job)
+                if j is not None and j.status == "running":
+                    self.fail_job(j, "NCCL watchdog timeout", -6,
+                                  "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5512, "
+                                  "OpType=ALLREDUCE, NumelIn=4194304, Timeout(ms)=600000) ran for 600113 milliseconds "
+                                  "before timing out.")
         self.schedule()
         self.advance_jobs()
         self.run_diagnostics()
-        for node in self.nodes.values():
-            self.emit_gpu(node)
+        if int(self.now) % max(1, int(self.cfg.gpu_every)) == 0:
+            for node in self.nodes.values():
+                self.emit_gpu(node)
+        else:
+            for node in self.nodes.values():
+                self._count_gpu(node, 1.0)
         if int(self.now) % int(self.cfg.network_every) == 0:
             for node in self.nodes.values():
                 self.emit_network(node)
@@ -438,6 +518,22 @@ class Cluster:
 
     # -------------------------------------------------------------------------- telemetry
 
+    def _count_gpu(self, node: Node, dt: float) -> None:
+        """One second of the GPUs' error counters: healthy baselines and the node's fault."""
+        r = node.rng
+        # healthy baselines: rare single-bit ECC, NVLink and PCIe replays
+        node.sbe += r.poisson(2e-4 * dt, GPUS)
+        node.nvl += r.poisson(1e-4 * dt, (3, GPUS))
+        node.pcie += r.poisson(5e-5 * dt, GPUS)
+        f = node.fault
+        if f is not None and f.kind == "sbe_rise" and f.applied_ts is not None:
+            rate = min(5.0, 0.0005 * math.exp((self.now - f.at) / (f.tau or 30.0)))
+            node.sbe[f.gpu] += r.poisson(rate * dt)
+        if f is not None and f.kind == "nvlink" and f.applied_ts is not None:
+            scale = 1.0 if f.tau is None else min(1.0, 0.0005 * math.exp((self.now - f.at) / f.tau))
+            node.nvl[0, f.gpu] += r.poisson(2.0 * scale * dt)
+            node.nvl[1, f.gpu] += r.poisson(1.0 * scale * dt)
+
     def emit_gpu(self, node: Node) -> None:
         r = node.rng
         busy = node.job is not None
@@ -452,17 +548,7 @@ class Cluster:
             throttle[g] = HW_THERMAL | SW_THERMAL
             sm[g] = 1410.0
             power[g] = max(0.0, power[g] - 220.0)
-        # healthy baselines: rare single-bit ECC, NVLink and PCIe replays
-        node.sbe += r.poisson(2e-4, GPUS)
-        node.nvl += r.poisson(1e-4, (3, GPUS))
-        node.pcie += r.poisson(5e-5, GPUS)
-        f = node.fault
-        if f is not None and f.kind == "sbe_rise" and f.applied_ts is not None:
-            rate = min(5.0, 0.0005 * math.exp((self.now - f.at) / 30.0))
-            node.sbe[f.gpu] += r.poisson(rate)
-        if f is not None and f.kind == "nvlink" and f.applied_ts is not None:
-            node.nvl[0, f.gpu] += r.poisson(2.0)
-            node.nvl[1, f.gpu] += r.poisson(1.0)
+        self._count_gpu(node, 1.0)
         lost = node.lost
         for arr in (util, power, temp):
             arr[lost] = 0.0
@@ -483,6 +569,17 @@ class Cluster:
         pc[5] += (r.normal(2.5e10 if busy else 1e6, 1e8 if busy else 1e4, PORTS) * dt).clip(0).astype(np.int64)
         pc[6] += (r.normal(2.5e10 if busy else 1e6, 1e8 if busy else 1e4, PORTS) * dt).clip(0).astype(np.int64)
         pc[4] += (r.poisson(2e3 if busy else 1, PORTS) * dt).astype(np.int64)  # xmit wait
+        f = node.fault
+        if f is not None and f.kind == "nic" and f.applied_ts is not None and (f.end_at is None or self.now < f.end_at):
+            pc[2] += r.poisson(15 * dt, PORTS)  # receive errors
+            pc[3] += r.poisson(8 * dt, PORTS)  # transmit discards
+        for lf in self.faults:
+            if lf.kind == "leaf" and lf.leaf == node.leaf and lf.applied_ts is not None \
+                    and (lf.end_at is None or self.now < lf.end_at):
+                # every port under a degrading switch: errors start within 30 s of each other
+                if self.now - lf.at >= (int(node.name.rsplit("-", 1)[-1]) * 7) % 30:
+                    pc[0] += r.poisson(3 * dt, PORTS)
+                    pc[2] += r.poisson(1 * dt, PORTS)
         ports = []
         for p in range(PORTS):
             ports.append({
