@@ -18,6 +18,7 @@ from .gpu import (
     thermal_mask,
 )
 from .peer import PeerDetector
+from .univariate import UnivariateDetector
 from .xid import XID_TABLE, XidDetector, XidInfo, lookup
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "PeerDetector",
     "RateChangeDetector",
     "ThrottleDetector",
+    "UnivariateDetector",
     "XidDetector",
     "XidInfo",
     "lookup",

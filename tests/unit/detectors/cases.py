@@ -20,6 +20,7 @@ from detectors import (
     PeerDetector,
     RateChangeDetector,
     ThrottleDetector,
+    UnivariateDetector,
     XidDetector,
 )
 
@@ -229,7 +230,32 @@ PEER_POWER = Case(
     score_shape=lambda a: a[0].shape,
 )
 
-CASES = [XID, HARD, RATE, THROTTLE, PEER, PEER_POWER]
+# -- univariate streams ----------------------------------------------------------------
+
+
+def _series(t: int = 400, spike: float = 0.0) -> Inputs:
+    values = 60.0 + np.random.default_rng(8).normal(0.0, 1.0, (5, t))
+    values[3, -1] += spike
+    return (values,)
+
+
+UNIVARIATE = Case(
+    id="univariate",
+    cls=UnivariateDetector,
+    params={"long_window": 300, "short_window": 3, "quiet_window": 100, "repeat_factor": 0.5,
+            "warmup": 50, "relearn_z": 6.0, "relearn_after": 8, "decades": 40.0,
+            "threshold": 0.15, "critical": 0.6, "kind": "gpu_temp",
+            "fault_class": "node_degrading", "severity": "warning"},
+    invalid=[("long_window", 1), ("short_window", 200), ("quiet_window", 0),
+             ("repeat_factor", -0.1), ("warmup", 1), ("threshold", 1.5), ("severity", "bad")],
+    healthy=lambda: _series(),
+    anomalous=lambda: _series(spike=15.0),
+    warmup=lambda: _series(t=49, spike=50.0),
+    bad_shapes=[lambda: (np.zeros(40),), lambda: (np.zeros((2, 3, 4)),)],
+    score_shape=lambda a: (a[0].shape[0],),
+)
+
+CASES = [XID, HARD, RATE, THROTTLE, PEER, PEER_POWER, UNIVARIATE]
 
 #: Every public detector class must appear in CASES (checked by the suite).
 COVERED = {case.cls for case in CASES}
