@@ -1,0 +1,181 @@
+"""Published field failure data and the closed-loop scenario built on it (``field.toml``).
+
+:func:`load` reads the scenario with :mod:`tomllib` into a :class:`Field`; every value is
+checked, and a bad one raises :class:`ValueError` naming its field (``causes.hbm3.kinds``,
+``people.human_sigma``).  The file documents its sources and which values are assumptions.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..simulator import FAULT_KINDS
+
+PATH = Path(__file__).with_name("field.toml")
+#: kinds a cause may map to: the simulator's, and "hidden" (no telemetry signal)
+KINDS = frozenset(FAULT_KINDS) | {"hidden"}
+
+
+@dataclass(frozen=True)
+class Cause:
+    name: str
+    count: int
+    percent: float
+    kinds: dict[str, float]
+    erratum: str = ""
+
+
+@dataclass(frozen=True)
+class Field:
+    nodes: int
+    gpus_per_node: int
+    days: float
+    quick_nodes: int
+    quick_days: float
+    interruptions: int
+    interruption_days: float
+    interruption_gpus: int
+    rsc1_per_1000_node_days: float
+    rsc2_per_1000_node_days: float
+    utilization: float
+    job_sizes: tuple[int, ...]
+    job_size_shares: tuple[float, ...]
+    checkpoint_minutes: float
+    restart_minutes: float
+    human_median_hours: float
+    human_sigma: float
+    repair_median_hours: float
+    repair_sigma: float
+    naive_diag_hours: float
+    controller_retries: int
+    lemon_share: float
+    lemon_recurrence_hours: float
+    hidden_recurrence_hours: float
+    ramps: dict[str, float]
+    warmup_s: int
+    gpu_every_s: int
+    causes: tuple[Cause, ...]
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def per_node_day(self) -> float:
+        """Unexpected interruptions per node-day at the Llama 3 rate."""
+        return self.interruptions / (self.interruption_days * self.interruption_gpus / self.gpus_per_node)
+
+    def shares(self) -> dict[str, float]:
+        """Each cause's share of interruptions, by count (sums to 1)."""
+        total = sum(c.count for c in self.causes)
+        return {c.name: c.count / total for c in self.causes}
+
+
+def _get(d: dict[str, Any], section: str, key: str) -> Any:
+    if section not in d or not isinstance(d[section], dict):
+        raise ValueError(f"{section}: missing section")
+    if key not in d[section]:
+        raise ValueError(f"{section}.{key}: missing")
+    return d[section][key]
+
+
+def _num(d: dict[str, Any], section: str, key: str, *, lo: float = 0.0, hi: float = math.inf,
+         lo_open: bool = True, integer: bool = False) -> Any:
+    v = _get(d, section, key)
+    name = f"{section}.{key}"
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
+        raise ValueError(f"{name}: expected {'an integer' if integer else 'a number'}, got {v!r}")
+    if not math.isfinite(v) or v > hi or v < lo or (lo_open and v == lo):
+        raise ValueError(f"{name}: {v!r} is out of range ({'(' if lo_open else '['}{lo}, {hi}])")
+    return v
+
+
+def parse(d: dict[str, Any]) -> Field:
+    """Validate a parsed scenario; a bad value raises ValueError naming its field."""
+    sizes = _get(d, "workload", "job_sizes")
+    shares = _get(d, "workload", "job_size_shares")
+    if not isinstance(sizes, list) or not sizes or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                                                          for x in sizes):
+        raise ValueError(f"workload.job_sizes: expected a list of node counts >= 1, got {sizes!r}")
+    if not isinstance(shares, list) or len(shares) != len(sizes) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in shares):
+        raise ValueError(f"workload.job_size_shares: expected {len(sizes)} positive shares, got {shares!r}")
+    if abs(sum(shares) - 1.0) > 1e-6:
+        raise ValueError(f"workload.job_size_shares: shares sum to {sum(shares)}, not 1")
+    ramps_raw = d.get("ramps")
+    if not isinstance(ramps_raw, dict):
+        raise ValueError("ramps: missing section")
+    ramps = {}
+    for k in ("sbe_rise", "nvlink", "thermal"):
+        ramps[k] = float(_num(d, "ramps", k, hi=24 * 60.0))
+    causes_raw = d.get("causes")
+    if not isinstance(causes_raw, dict) or not causes_raw:
+        raise ValueError("causes: missing section")
+    causes = []
+    for name, c in causes_raw.items():
+        if not isinstance(c, dict):
+            raise ValueError(f"causes.{name}: expected a table")
+        sect = {f"causes.{name}": c}
+        count = _num(sect, f"causes.{name}", "count", lo=0, lo_open=False, integer=True)
+        percent = _num(sect, f"causes.{name}", "percent", lo=0, hi=100, lo_open=False)
+        kinds = _get(sect, f"causes.{name}", "kinds")
+        if not isinstance(kinds, dict) or not kinds:
+            raise ValueError(f"causes.{name}.kinds: expected a table of kind = share")
+        for k, share in kinds.items():
+            if k not in KINDS:
+                raise ValueError(f"causes.{name}.kinds: unknown kind {k!r}; known: {', '.join(sorted(KINDS))}")
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+                raise ValueError(f"causes.{name}.kinds.{k}: share {share!r} is not in (0, 1]")
+        if abs(sum(kinds.values()) - 1.0) > 1e-6:
+            raise ValueError(f"causes.{name}.kinds: shares sum to {sum(kinds.values())}, not 1")
+        erratum = str(c.get("percent_erratum", ""))
+        causes.append(Cause(name=name, count=count, percent=float(percent),
+                            kinds={k: float(v) for k, v in kinds.items()}, erratum=erratum))
+    interruptions = _num(d, "rates", "interruptions", integer=True)
+    total = sum(c.count for c in causes)
+    if total != interruptions:
+        raise ValueError(f"causes: counts sum to {total}, not rates.interruptions = {interruptions}")
+    for c in causes:
+        if not c.erratum and abs(100.0 * c.count / total - c.percent) > 0.15:
+            raise ValueError(f"causes.{c.name}.percent: {c.percent} does not match count {c.count} of {total} "
+                             f"({100.0 * c.count / total:.1f}%); give percent_erratum if the source prints it so")
+    f = Field(
+        nodes=_num(d, "scenario", "nodes", integer=True),
+        gpus_per_node=_num(d, "scenario", "gpus_per_node", integer=True),
+        days=float(_num(d, "scenario", "days")),
+        quick_nodes=_num(d, "scenario", "quick_nodes", integer=True),
+        quick_days=float(_num(d, "scenario", "quick_days")),
+        interruptions=interruptions,
+        interruption_days=float(_num(d, "rates", "interruption_days")),
+        interruption_gpus=_num(d, "rates", "interruption_gpus", integer=True),
+        rsc1_per_1000_node_days=float(_num(d, "rates", "rsc1_per_1000_node_days")),
+        rsc2_per_1000_node_days=float(_num(d, "rates", "rsc2_per_1000_node_days")),
+        utilization=float(_num(d, "workload", "utilization", hi=1.0)),
+        job_sizes=tuple(sizes),
+        job_size_shares=tuple(float(x) for x in shares),
+        checkpoint_minutes=float(_num(d, "workload", "checkpoint_minutes")),
+        restart_minutes=float(_num(d, "workload", "restart_minutes", lo_open=False)),
+        human_median_hours=float(_num(d, "people", "human_median_hours")),
+        human_sigma=float(_num(d, "people", "human_sigma", lo_open=False, hi=5.0)),
+        repair_median_hours=float(_num(d, "people", "repair_median_hours")),
+        repair_sigma=float(_num(d, "people", "repair_sigma", lo_open=False, hi=5.0)),
+        naive_diag_hours=float(_num(d, "people", "naive_diag_hours", lo_open=False)),
+        controller_retries=_num(d, "people", "controller_retries", lo_open=False, integer=True),
+        lemon_share=float(_num(d, "lemons", "share_of_nodes", lo_open=False, hi=1.0)),
+        lemon_recurrence_hours=float(_num(d, "lemons", "recurrence_mean_hours")),
+        hidden_recurrence_hours=float(_num(d, "hidden", "recurrence_mean_hours")),
+        ramps=ramps,
+        warmup_s=_num(d, "ramps", "warmup_s", integer=True, lo=0, lo_open=False),
+        gpu_every_s=_num(d, "ramps", "gpu_every_s", integer=True, hi=60),
+        causes=tuple(causes),
+        raw=d,
+    )
+    return f
+
+
+def load(path: Path | str | None = None) -> Field:
+    """Read and validate ``field.toml`` (or another scenario file)."""
+    p = Path(path) if path is not None else PATH
+    with open(p, "rb") as fh:
+        return parse(tomllib.load(fh))
