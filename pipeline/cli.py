@@ -6,6 +6,8 @@
     fleetmedic watch-slurm publish a Slurm controller's job state changes on telemetry.job
     fleetmedic watch-k8s   publish a Kubernetes cluster's pod and Job failures on telemetry.job
     fleetmedic collect     node agent: NVML, dcgm-exporter and InfiniBand counters -> telemetry
+    fleetmedic eval        detection quality through the pipeline, and a 54-day closed loop against baselines
+    fleetmedic eval-nab    the univariate detector on the Numenta Anomaly Benchmark, with a verified scorer
     fleetmedic eval-network the network track on a seeded fabric scenario suite
     fleetmedic chaos       kills, a broker restart, a backend outage and fuzzing during a scenario
     fleetmedic bench       throughput, latency, scale-out and memory against a baseline consumer
@@ -288,6 +290,55 @@ def cmd_eval_network(args: argparse.Namespace) -> int:
     return 0 if ok or not args.check else 1
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Detection quality (Kafka + Faust) and the closed loop against three baselines (pipeline/eval/)."""
+    _logging("warning")
+    from .eval import report
+
+    def say(*a: Any) -> None:
+        print(*a, file=sys.stderr, flush=True)
+
+    out = Path(args.out)
+    quality = closed = None
+    if not args.skip_quality:
+        from .eval.quality import run as run_quality
+
+        say("== eval 1/2: detection quality through the real pipeline")
+        quality = run_quality(nodes=args.nodes, hours=args.hours, speed=args.speed, seed=args.seed, quick=args.quick,
+                              inprocess=args.inprocess, bootstrap=args.bootstrap, say=say)
+    if not args.skip_closed_loop:
+        from .eval.closedloop import run as run_closed
+
+        say("== eval 2/2: closed loop, four policies on the same fault sequence")
+        closed = run_closed(quick=args.quick, seed=args.seed, say=say)
+    ev = report.combine(quality, closed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(ev, indent=2) + "\n")
+    for p in report.plots(ev, out.parent):
+        say(f"plot: {p}")
+    if not args.quick:
+        report.write_readme(ev, report.load("nab.json", out.parent))
+        say(f"summary: {report.README}")
+    say(f"results: {out}")
+    missed = report.check(ev) if quality is not None and closed is not None else []
+    for m in missed:
+        say(f"target missed: {m}")
+    return 1 if (missed and args.check) else 0
+
+
+def cmd_eval_nab(args: argparse.Namespace) -> int:
+    """NAB: prove the scorer on the published Numenta outputs, then score the univariate detector."""
+    _logging("warning")
+    from .eval import nab, report
+
+    argv = ["--out", args.out] + (["--quick"] if args.quick else []) + (["--data", args.data] if args.data else [])
+    rc = nab.main(argv)
+    if rc == 0 and not args.quick:
+        report.write_readme(report.load("eval.json", Path(args.out).parent), report.load("nab.json", Path(args.out).parent))
+        print(f"summary: {report.README}", file=sys.stderr)
+    return rc
+
+
 def cmd_chaos(args: argparse.Namespace) -> int:
     """Kills, a broker restart, a backend outage and hostile input during a seeded scenario."""
     _logging("warning")
@@ -420,6 +471,36 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--fake-nvml", type=int, metavar="GPUS", default=0,
                     help="use a fake NVML with this many simulated H100s (for trying the agent without GPUs)")
     sp.set_defaults(func=cmd_collect)
+
+    sp = sub.add_parser(
+        "eval", help="detection quality through Kafka + Faust, and a 54-day closed loop against three baselines",
+        description="Part 1 runs a seeded scenario (512 nodes x 8 GPUs, 300 faults of every class, 7 simulated hours "
+                    "at 50x) through the embedded Kafka and a Faust worker and scores every verdict against the "
+                    "ground truth. Part 2 replays a 2,048-node cluster over 54 simulated days at field failure rates "
+                    "(pipeline/eval/field.toml) with fleetmedic, manual handling, naive auto-cordon and retry-only. "
+                    "Writes bench/results/eval.json, PNG plots and the summary in bench/README.md.")
+    sp.add_argument("--quick", action="store_true", help="a small run of both parts (about two minutes)")
+    sp.add_argument("--nodes", type=int, default=512, help="nodes of the quality run (default 512)")
+    sp.add_argument("--hours", type=float, default=7.0, help="simulated hours of the quality run (default 7)")
+    sp.add_argument("--speed", type=float, default=50.0, help="simulated seconds per wall second (default 50)")
+    sp.add_argument("--seed", type=int, default=1)
+    sp.add_argument("--inprocess", action="store_true", help="quality run without Kafka (the same code, one process)")
+    sp.add_argument("--bootstrap", help="use this Kafka broker instead of starting the embedded one")
+    sp.add_argument("--skip-quality", action="store_true", help="only the closed loop")
+    sp.add_argument("--skip-closed-loop", action="store_true", help="only the quality run")
+    sp.add_argument("--check", action="store_true", help="exit 1 when an acceptance target is missed")
+    sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "eval.json"), help="JSON output path")
+    sp.set_defaults(func=cmd_eval)
+
+    sp = sub.add_parser("eval-nab", help="the univariate detector on NAB, scored by a scorer checked against NAB's own",
+                        description="Reproduces the published Numenta detector's NAB scores from its per-row "
+                                    "outputs (the scorer check), then runs fleetmedic's univariate streaming "
+                                    "detector over ../shared/data/nab and compares it with every published "
+                                    "detector on the same files. Writes bench/results/nab.json.")
+    sp.add_argument("--quick", action="store_true", help="a handful of files")
+    sp.add_argument("--data", help="NAB directory (default ../shared/data/nab)")
+    sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "nab.json"), help="JSON output path")
+    sp.set_defaults(func=cmd_eval_nab)
 
     sp = sub.add_parser("eval-network", help="score the network track on a seeded fabric scenario suite (JSON)")
     sp.add_argument("--nodes", type=int, default=256, help="nodes, 4 ports each (default 256)")

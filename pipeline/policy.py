@@ -503,7 +503,10 @@ def job_on_notice(hist: dict[str, Any], n: JobNotice, cfg: PolicySettings, wall_
     if n.kind in ("node_fault", "fabric"):
         if pend and pend["kind"] == "failure" and n.node in hist["failures"][-1]["nodes"]:
             faults = _recent_node_faults(hist, hist["failures"][-1]["nodes"], pend["ts"], cfg.degrade_window_s)
-            return _decide_hardware(hist, n.ts, faults, hist["failures"][-1])
+            if faults:
+                return _decide_hardware(hist, n.ts, faults, hist["failures"][-1])
+            # a notice about a fault long before this failure (older than the window) is
+            # not evidence for it: the failure waits for its grace as if it had not come
         return Decision()
     # node_degrading: move the job off the node at its next checkpoint (or deadline)
     if hist["status"] == "running" and n.node in hist["nodes"] and not pend:

@@ -101,6 +101,18 @@ def test_a_node_fault_arriving_while_a_failure_waits_decides_hardware_at_once(cf
     assert job_on_tick(hist, cfg, WALL + GRACE, T0 + 9).verdicts == []
 
 
+def test_a_node_fault_from_long_before_the_failure_is_no_evidence_and_does_not_crash(cfg) -> None:
+    # the notice reached the job late (its node's owner saw the fault an hour earlier):
+    # outside the window it is not evidence, the failure is judged on its own after the grace
+    hist = _running(cfg)
+    _fail(hist, cfg, T0 + 4000, **NCCL)
+    d = job_on_notice(hist, job_notice(JOB, "node-0001", "node_fault", T0 + 100, incident="inc-old",
+                                       fault_class=FaultClass.gpu_memory), cfg, WALL + 1)
+    assert d.verdicts == []
+    v, a = _only(job_on_tick(hist, cfg, WALL + GRACE, T0 + 4003))
+    assert a.action is ActionName.retry and v.fault_class is FaultClass.transient_software
+
+
 def test_a_node_fault_on_a_node_the_job_does_not_use_is_no_evidence(cfg) -> None:
     hist = _running(cfg)
     _fail(hist, cfg, T0 + 6, **NCCL)

@@ -1,0 +1,242 @@
+"""Scoring verdicts against the simulator's ground truth, per fault class.
+
+The right verdict for an injected fault (its class from
+:data:`pipeline.simulator.KIND_CLASS`, its target from the fault):
+
+* a node fault (``gpu_hardware``, ``gpu_memory``, ``nvlink``, ``node_network``,
+  ``node_degrading``): the first node verdict that isolates the faulty node after the
+  onset; right when its class is the fault's class;
+* a switch fault (``fabric_switch``): a switch verdict on the faulty leaf while the fault
+  lasts (plus ``slack_s``); no node under it isolated;
+* a job fault (``transient_software``, ``user_error``): the job's last verdict about that
+  failure (the settled decision: a user bug is retried within its retry budget first,
+  then stopped), within ``slack_s`` of the onset.
+
+Precision of a class counts, among the verdicts of that class (the isolating node
+verdicts, the switch verdicts, the jobs' settled verdicts), those that match a fault of
+that class on that target.  ``hw_*`` counts isolations alone, whatever their class:
+recall is the share of node faults whose node was isolated after the onset, precision
+the share of isolated nodes that had a node fault.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from ..simulator import HARDWARE_KINDS, KIND_CLASS, SWITCH_KINDS, Cluster, Fault
+
+NODE_CLASSES = ("gpu_hardware", "gpu_memory", "nvlink", "node_network", "node_degrading")
+JOB_CLASSES = ("transient_software", "user_error")
+CLASSES = (*JOB_CLASSES, *NODE_CLASSES, "fabric_switch")
+HARDWARE_CLASSES = frozenset({"gpu_hardware", "gpu_memory", "nvlink", "node_network", "node_degrading"})
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def _prf(tp: int, fp: int, n: int) -> dict[str, float | None]:
+    p = tp / (tp + fp) if tp + fp else None
+    r = tp / n if n else None
+    f1 = 2 * p * r / (p + r) if p and r else (0.0 if p is not None and r is not None else None)
+    return {"precision": p, "recall": r, "f1": f1}
+
+
+def _isolates(v: dict[str, Any]) -> bool:
+    return v.get("scope") == "node" and any(a.get("action") == "isolate" for a in v.get("actions", []))
+
+
+def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[str, Any]], *,
+          slack_s: float = 900.0) -> dict[str, Any]:
+    """Per-class quality, delays, lead times and the safety counts of one run (sim seconds)."""
+    t0 = cluster.t0
+    faults: list[Fault] = [f for f in cluster.faults if f.applied_ts is not None]
+    vs = sorted(verdicts, key=lambda v: v["ts"])
+    for v in vs:
+        v["_t"] = v["ts"] - t0
+    node_faults = {f.node: f for f in faults if f.kind in HARDWARE_KINDS and f.node}
+    isolated: dict[str, float] = {}  # node -> sim time it was really cordoned
+    for e in cluster.events:
+        if "isolated" in e:
+            isolated.setdefault(e["isolated"], e["t"])
+    iso_verdicts: dict[str, dict[str, Any]] = {}
+    for v in vs:
+        if _isolates(v):
+            iso_verdicts.setdefault(v["subject"], v)
+
+    matched: set[int] = set()  # id() of verdicts that match a fault of their class
+    per_class: dict[str, dict[str, Any]] = {c: {"faults": 0, "tp": 0, "delays": []} for c in CLASSES}
+    kinds: dict[str, dict[str, Any]] = defaultdict(lambda: {"faults": 0, "right": 0, "delays": []})
+    missed: list[str] = []
+    wrong_class: list[str] = []
+
+    job_faults = sorted((f for f in faults if KIND_CLASS[f.kind] in JOB_CLASSES and f.job), key=lambda f: f.at)
+    next_on_job: dict[int, float] = {}
+    for i, f in enumerate(job_faults):
+        later = [g.at for g in job_faults[i + 1:] if g.job == f.job]
+        next_on_job[id(f)] = min(later) if later else float("inf")
+
+    for f in faults:
+        fc = KIND_CLASS[f.kind]
+        pc, kc = per_class[fc], kinds[f.kind]
+        pc["faults"] += 1
+        kc["faults"] += 1
+        hit: dict[str, Any] | None = None
+        if fc in NODE_CLASSES:
+            v = iso_verdicts.get(f.node or "")
+            if v is not None and v["_t"] >= f.at - 1:
+                if v["fault_class"] == fc:
+                    hit = v
+                else:
+                    wrong_class.append(f"{f.kind}@{f.node}: {v['fault_class']}")
+        elif fc == "fabric_switch":
+            end = (f.end_at if f.end_at is not None else f.at) + slack_s
+            for v in vs:
+                if v.get("scope") == "switch" and v["subject"] == f.leaf and f.at - 1 <= v["_t"] <= end \
+                        and v["fault_class"] == fc:
+                    hit = v
+                    break
+        else:
+            end = min(f.at + slack_s, next_on_job[id(f)])
+            mine = [v for v in vs if v.get("scope") == "job" and v["subject"] == f.job and f.at - 1 <= v["_t"] < end]
+            if mine:
+                last = mine[-1]
+                if last["fault_class"] == fc:
+                    hit = last
+                else:
+                    wrong_class.append(f"{f.kind}@{f.job}: {last['fault_class']} ({last['actions'][0]['action']})")
+        if hit is not None:
+            matched.add(id(hit))
+            pc["tp"] += 1
+            kc["right"] += 1
+            d = hit["_t"] - f.at
+            pc["delays"].append(d)
+            kc["delays"].append(d)
+        else:
+            missed.append(f"{f.kind}@{f.node or f.leaf or f.job}")
+
+    # false positives per class: isolating node verdicts, switch verdicts, settled job verdicts
+    fp: dict[str, int] = defaultdict(int)
+    for v in iso_verdicts.values():
+        if id(v) not in matched and v["fault_class"] in per_class:
+            fp[v["fault_class"]] += 1
+    for v in vs:
+        if v.get("scope") == "switch" and id(v) not in matched and v["fault_class"] == "fabric_switch":
+            fp["fabric_switch"] += 1
+    settled: dict[str, dict[str, Any]] = {}
+    for v in vs:
+        if v.get("scope") == "job":
+            settled[v["subject"]] = v  # each job's last decision
+    for v in settled.values():
+        if id(v) not in matched and v["fault_class"] in JOB_CLASSES:
+            f_job = [f for f in job_faults if f.job == v["subject"]]
+            if not f_job:
+                fp[v["fault_class"]] += 1
+
+    classes = {}
+    for c, pc in per_class.items():
+        q = _prf(pc["tp"], fp[c], pc["faults"])
+        classes[c] = {"faults": pc["faults"], "right": pc["tp"], "false_verdicts": fp[c], **q,
+                      "median_delay_s": _pct(pc["delays"], 50), "p95_delay_s": _pct(pc["delays"], 95)}
+    all_tp = sum(pc["tp"] for pc in per_class.values())
+    overall = _prf(all_tp, sum(fp.values()), sum(pc["faults"] for pc in per_class.values()))
+    all_delays = [d for pc in per_class.values() for d in pc["delays"]]
+
+    # isolations, whatever their class
+    hw = [f for f in faults if f.kind in HARDWARE_KINDS and f.node]
+    hw_hit = [f for f in hw if f.node in iso_verdicts and iso_verdicts[f.node]["_t"] >= f.at - 1]
+    false_iso = []
+    for node, v in iso_verdicts.items():
+        if node not in node_faults or v["_t"] < node_faults[node].at - 1:
+            false_iso.append({"node": node, "t": round(v["_t"], 1), "fault_class": v["fault_class"],
+                              "cause": _cause(v, cluster, faults)})
+    hw_precision = (len(iso_verdicts) - len(false_iso)) / len(iso_verdicts) if iso_verdicts else None
+
+    # user errors: stopped after the budget, never blamed on hardware
+    user = [f for f in faults if f.kind == "user_bug"]
+    user_stopped, user_blamed = 0, []
+    for f in user:
+        mine = [v for v in vs if v.get("scope") == "job" and v["subject"] == f.job and v["_t"] >= f.at - 1]
+        if any(v["actions"][0]["action"] == "stop" for v in mine):
+            user_stopped += 1
+        hwv = [v for v in mine if v["fault_class"] in HARDWARE_CLASSES]
+        job_nodes = set().union(*(set(v.get("nodes") or []) for v in mine)) if mine else set()
+        iso_nodes = [n for n in job_nodes if n in iso_verdicts and iso_verdicts[n]["_t"] >= f.at - 1
+                     and n not in node_faults]
+        if hwv or iso_nodes:
+            user_blamed.append(f"{f.job}: {[v['fault_class'] for v in hwv]} {iso_nodes}")
+
+    # switch faults blamed on the nodes under the switch
+    switch_blamed = []
+    for f in faults:
+        if f.kind in SWITCH_KINDS:
+            under = {n.name for n in cluster.nodes.values() if n.leaf == f.leaf}
+            end = (f.end_at if f.end_at is not None else f.at) + slack_s
+            for n in under:
+                v = iso_verdicts.get(n)
+                if v is not None and f.at - 1 <= v["_t"] <= end and n not in node_faults:
+                    switch_blamed.append(f"{f.leaf}: {n} ({v['fault_class']})")
+
+    # degrading nodes: isolated before their hardware failed, and how long before
+    degrading = [f for f in faults if f.fail_at is not None and f.node]
+    before = [f for f in degrading if f.node in isolated and isolated[f.node] < f.fail_at]
+    leads = [f.fail_at - isolated[f.node] for f in before]
+
+    transient = [f for f in faults if KIND_CLASS[f.kind] == "transient_software"]
+    kept = sum(1 for f in transient if not any(n in iso_verdicts and iso_verdicts[n]["_t"] >= f.at - 1
+                                                and n not in node_faults for n in _job_nodes(vs, f.job)))
+    return {
+        "faults": len(faults),
+        "by_class": classes,
+        "by_kind": {k: {"faults": v["faults"], "right": v["right"], "median_delay_s": _pct(v["delays"], 50)}
+                    for k, v in sorted(kinds.items())},
+        "overall": {**overall, "median_delay_s": _pct(all_delays, 50), "p95_delay_s": _pct(all_delays, 95)},
+        "hw_recall": len(hw_hit) / len(hw) if hw else None,
+        "hw_precision": hw_precision,
+        "hardware_faults": len(hw),
+        "isolations": len(iso_verdicts),
+        "false_isolations": len(false_iso),
+        "false_isolation_detail": false_iso,
+        "user_errors": len(user),
+        "user_errors_stopped": user_stopped,
+        "user_errors_blamed_on_hardware": len(user_blamed),
+        "user_errors_blamed_detail": user_blamed,
+        "switch_faults_blamed_on_nodes": len(switch_blamed),
+        "switch_blamed_detail": switch_blamed,
+        "transient_faults": len(transient),
+        "transient_faults_kept_every_node": kept,
+        "degrading_nodes": len(degrading),
+        "degrading_isolated_before_failure": len(before) / len(degrading) if degrading else None,
+        "lead_s": sorted(round(x, 1) for x in leads),
+        "median_lead_s": _pct(leads, 50),
+        "delays_s": {c: sorted(round(d, 1) for d in pc["delays"]) for c, pc in per_class.items()},
+        "missed": sorted(missed),
+        "wrong_class": sorted(wrong_class),
+        "held_by_budget": sum(1 for a in actions if a.get("outcome") == "held_by_budget"),
+        "unknown_verdicts": sum(1 for v in vs if v["fault_class"] == "unknown"),
+    }
+
+
+def _job_nodes(vs: list[dict[str, Any]], job: str | None) -> set[str]:
+    out: set[str] = set()
+    for v in vs:
+        if v.get("scope") == "job" and v["subject"] == job:
+            out |= set(v.get("nodes") or [])
+    return out
+
+
+def _cause(v: dict[str, Any], cluster: Cluster, faults: list[Fault]) -> str:
+    """Why a healthy node was isolated, as far as the run can tell."""
+    ev = v.get("evidence") or {}
+    node = cluster.nodes.get(v["subject"])
+    leaf = node.leaf if node is not None else None
+    for f in faults:
+        if f.kind in SWITCH_KINDS and f.leaf == leaf and f.at - 1 <= v["_t"] <= (f.end_at or f.at) + 900:
+            return f"during a fault of its switch {leaf}"
+    for f in faults:
+        if f.job and node is not None and f.job == node.job:
+            return f"on the job of a {f.kind} fault"
+    return str(ev.get("kind") or ev.get("kinds") or ev.get("detector") or "no fault nearby")
