@@ -210,6 +210,7 @@ def micro(kind: str, seed: int, lead_s: float, *, fleet: int, warmup_s: int = 60
         "node_class": node_vs[0].fault_class.value if node_vs else None,
         "job_action": first_job.actions[0].action.value if first_job else None,
         "job_class": first_job.fault_class.value if first_job else None,
+        "job_final_class": job_vs[-1].fault_class.value if job_vs else None,
         "job_decide_s": None if first_job is None else max(0.0, first_job.ts - T0 - fail),
         "job_actions": [v.actions[0].action.value for v in job_vs],
         "stop_s": next((max(0.0, v.ts - T0 - fail) for v in job_vs if v.actions[0].action.value == "stop"), None),
@@ -834,7 +835,7 @@ def run(*, quick: bool = False, seed: int = 1, out: Path | None = None, say: Cal
         b["kinds"][inc.kind] += 1
         o = inc.outcome or {}
         right = KIND_CLASS.get(inc.kind)
-        got = o.get("node_class") or o.get("job_class")
+        got = o.get("node_class") or o.get("job_final_class")
         if inc.kind == "hidden":
             b["fleetmedic"]["no_signal"] += 1
         elif got == right:
