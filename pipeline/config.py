@@ -89,6 +89,9 @@ class PolicySettings(_Section):
     degrade_confirmations: int = Field(3, ge=1, description="degradation findings that make a node isolated")
     degrade_window_s: float = Field(600.0, gt=0, description="event-time window for degradation findings")
     repeat_failure_jobs: int = Field(3, ge=2, description="distinct failed jobs that make a node suspect")
+    repeat_failure_share: float = Field(
+        1.0, gt=0, description="blame, summed over those jobs (1/nodes of each job), that isolates the node: a "
+                               "failure of a 2-node job puts 0.5 on each node, one of a 512-node job almost none")
     repeat_failure_window_s: float = Field(6 * 3600.0, gt=0)
     user_error_retries: int = Field(1, ge=0, description="retries of a repeating traceback before stop")
     transient_retries: int = Field(3, ge=0, description="retries of a transient fault before requeue")

@@ -253,14 +253,22 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
             h["job"] = None
         return Decision()
     if n.kind == "job_failed":
-        h["failed_jobs"] = (h["failed_jobs"] + [[n.ts, n.job, n.signature]])[-MAX_KEPT:]
+        share = 1.0 / n.job_nodes if n.job_nodes else 1.0
+        h["failed_jobs"] = (h["failed_jobs"] + [[n.ts, n.job, n.signature, share]])[-MAX_KEPT:]
         if h["state"] in OUT_OF_POOL:
             return Decision()
         lo = n.ts - cfg.repeat_failure_window_s
-        jobs = sorted({j for t, j, _ in h["failed_jobs"] if t >= lo})
-        if len(jobs) >= cfg.repeat_failure_jobs:
+        blame: dict[str, float] = {}
+        for t, j, *rest in h["failed_jobs"]:
+            if t >= lo:
+                blame[j] = max(blame.get(j, 0.0), rest[1] if len(rest) > 1 else 1.0)
+        jobs = sorted(blame)
+        # a node in many failed jobs is suspect only if it carries enough of their blame: the
+        # failures of big jobs fall on hundreds of nodes at once and say little about one
+        if len(jobs) >= cfg.repeat_failure_jobs and sum(blame.values()) >= cfg.repeat_failure_share - 1e-9:
             incident = stable_id("node", node, "repeat", *jobs)
-            evidence = {"failed_jobs": jobs, "window_s": cfg.repeat_failure_window_s, "anomalies": []}
+            evidence = {"failed_jobs": jobs, "window_s": cfg.repeat_failure_window_s, "anomalies": [],
+                        "blame": round(sum(blame.values()), 3)}
             h["job"] = h.get("job") or n.job  # tell the failed job if nothing newer runs here
             return _isolate_node(h, node, n.ts, FaultClass.unknown, evidence, confidence=0.6, incident=incident, hard=True)
         return Decision()
@@ -405,12 +413,15 @@ def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySe
             if hint != "traceback":
                 hist["retries"]["transient"] += 1
         d.verdicts.append(_job_verdict(hist, ts, incident, fc, action, 0.7, ev, {"exclude": []} if action is ActionName.requeue else None))
-        # Unattributed failures feed each node's repeat-failure count.
-        for n in failure["nodes"]:
-            d.node_notices.append(
-                NodeNotice(ts=ts, node=n, kind="job_failed", job=hist["job"], attempt=failure["attempt"],
-                           reason=failure["reason"], signature=failure["signature"])
-            )
+        # Unattributed failures feed each node's repeat-failure count, sharing the blame among
+        # the job's nodes; a Python traceback is the code's, not a node's.
+        if hint != "traceback":
+            for n in failure["nodes"]:
+                d.node_notices.append(
+                    NodeNotice(ts=ts, node=n, kind="job_failed", job=hist["job"], attempt=failure["attempt"],
+                               reason=failure["reason"], signature=failure["signature"],
+                               job_nodes=max(1, len(failure["nodes"])))
+                )
     hist["decided"] = (hist["decided"] + [failure["attempt"]])[-MAX_KEPT:]
     hist["pending"] = None
     hist["status"] = "decided"

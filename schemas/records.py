@@ -381,6 +381,8 @@ class NodeNotice(Record):
     attempt: int = 1
     reason: str | None = None
     signature: str | None = None
+    #: job_failed: how many nodes the failed job ran on (its blame is shared among them)
+    job_nodes: int | None = Field(None, ge=1)
 
 
 class JobNotice(Record):

@@ -162,10 +162,11 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
         mine = [v for v in vs if v.get("scope") == "job" and v["subject"] == f.job and v["_t"] >= f.at - 1]
         if any(v["actions"][0]["action"] == "stop" for v in mine):
             user_stopped += 1
-        hwv = [v for v in mine if v["fault_class"] in HARDWARE_CLASSES]
-        job_nodes = set().union(*(set(v.get("nodes") or []) for v in mine)) if mine else set()
-        iso_nodes = [n for n in job_nodes if n in iso_verdicts and iso_verdicts[n]["_t"] >= f.at - 1
-                     and n not in node_faults]
+        end = min(f.at + slack_s, next_on_job[id(f)])
+        hwv = [v for v in mine if v["fault_class"] in HARDWARE_CLASSES and v["_t"] < end]
+        # a node isolated because this job's failures were counted against it
+        iso_nodes = [n for n, v in iso_verdicts.items() if n not in node_faults
+                     and f.job in ((v.get("evidence") or {}).get("failed_jobs") or [])]
         if hwv or iso_nodes:
             user_blamed.append(f"{f.job}: {[v['fault_class'] for v in hwv]} {iso_nodes}")
 
@@ -177,7 +178,8 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
             end = (f.end_at if f.end_at is not None else f.at) + slack_s
             for n in under:
                 v = iso_verdicts.get(n)
-                if v is not None and f.at - 1 <= v["_t"] <= end and n not in node_faults:
+                if v is not None and f.at - 1 <= v["_t"] <= end and n not in node_faults \
+                        and v["fault_class"] in ("node_network", "unknown"):
                     switch_blamed.append(f"{f.leaf}: {n} ({v['fault_class']})")
 
     # degrading nodes: isolated before their hardware failed, and how long before

@@ -118,7 +118,11 @@ def _cluster(sc: Scenario) -> Cluster:
 
 
 def _settings_env(sc: Scenario) -> dict[str, str]:
-    return {"FLEETMEDIC_SAFETY__FLEET_SIZE": str(sc.nodes), "FLEETMEDIC_NETWORK__ENFORCE": "true"}
+    # The breaker's budget (10% of the fleet, at most 50 nodes per hour) is sized for field
+    # rates; at hundreds of times the field density it would hold back real isolations, so it
+    # is raised here (make chaos and the breaker's tests exercise it at its defaults).
+    return {"FLEETMEDIC_SAFETY__FLEET_SIZE": str(sc.nodes), "FLEETMEDIC_NETWORK__ENFORCE": "true",
+            "FLEETMEDIC_SAFETY__MAX_FRACTION": "0.3", "FLEETMEDIC_SAFETY__MAX_ABSOLUTE": "1000"}
 
 
 def run(*, nodes: int = 512, hours: float = 7.0, speed: float = 50.0, seed: int = 1, quick: bool = False,

@@ -85,7 +85,8 @@ def test_an_nccl_timeout_without_node_evidence_is_retried_and_counted_against_ea
     v, a = _only(d)
     assert a.action is ActionName.retry
     assert v.fault_class is FaultClass.transient_software
-    assert [(n.node, n.kind, n.job) for n in d.node_notices] == [(n, "job_failed", JOB) for n in NODES]
+    assert [(n.node, n.kind, n.job, n.job_nodes) for n in d.node_notices] == [
+        (n, "job_failed", JOB, len(NODES)) for n in NODES]
 
 
 def test_a_node_fault_arriving_while_a_failure_waits_decides_hardware_at_once(cfg) -> None:
@@ -131,6 +132,12 @@ def test_the_same_traceback_twice_stops_the_job_as_a_user_error(cfg) -> None:
     assert a2.action is ActionName.stop
     assert second.fault_class is FaultClass.user_error
     assert second.evidence["repeats"] == 2
+
+
+def test_a_traceback_is_the_codes_and_counts_against_no_node(cfg) -> None:
+    hist = _running(cfg)
+    d = _judged(hist, cfg, T0 + 6, **TRACEBACK)
+    assert d.verdicts and d.node_notices == []
 
 
 def test_transient_failures_beyond_the_retry_budget_are_requeued(cfg) -> None:

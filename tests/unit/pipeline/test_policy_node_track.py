@@ -130,6 +130,25 @@ def test_failures_of_enough_distinct_jobs_isolate_the_node(cfg) -> None:
     assert h["state"] == ISOLATED
 
 
+def test_failures_of_big_jobs_share_their_blame_and_do_not_isolate_a_node(cfg) -> None:
+    # three failed 512-node jobs: every node of them was there; none carries the blame
+    h = new_node_health()
+    for i, job in enumerate(["job-a", "job-b", "job-c", "job-d"]):
+        d = node_on_notice(h, node_notice(NODE, "job_failed", job, T0 + 10 * i, job_nodes=512), cfg)
+        assert d.verdicts == []
+    assert h["state"] != ISOLATED
+
+
+def test_failures_of_small_jobs_carry_enough_blame_to_isolate(cfg) -> None:
+    h = new_node_health()
+    sizes = {"job-a": 2, "job-b": 4, "job-c": 2}
+    ds = [node_on_notice(h, node_notice(NODE, "job_failed", j, T0 + 10 * i, job_nodes=k), cfg)
+          for i, (j, k) in enumerate(sizes.items())]
+    assert ds[0].verdicts == ds[1].verdicts == []
+    [v] = ds[2].verdicts
+    assert ActionName.isolate in _actions(v) and v.evidence["blame"] == 1.25
+
+
 def test_job_failures_older_than_the_repeat_window_do_not_count(cfg) -> None:
     h = new_node_health()
     step = cfg.repeat_failure_window_s / 2 + 1
