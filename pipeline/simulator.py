@@ -295,7 +295,8 @@ class Cluster:
         """Leaves with a switch fault or a failing NIC now: a new network fault there would blur the truth."""
         out = {f.leaf for f in self.faults if f.kind == "leaf" and f.applied_ts is not None
                and (f.end_at is None or self.now < f.end_at)}
-        out |= {self.nodes[f.node].leaf for f in self.faults if f.kind == "nic" and f.node and f.applied_ts is not None}
+        out |= {self.nodes[f.node].leaf for f in self.faults if f.kind == "nic" and f.node and f.applied_ts is not None
+                and (f.end_at is None or self.now < f.end_at)}
         return {x for x in out if x}
 
     def _pick_busy_node(self) -> Node | None:
@@ -452,9 +453,6 @@ class Cluster:
         if int(self.now) % max(1, int(self.cfg.gpu_every)) == 0:
             for node in self.nodes.values():
                 self.emit_gpu(node)
-        else:
-            for node in self.nodes.values():
-                self._count_gpu(node, 1.0)
         if int(self.now) % int(self.cfg.network_every) == 0:
             for node in self.nodes.values():
                 self.emit_network(node)
@@ -519,7 +517,7 @@ class Cluster:
     # -------------------------------------------------------------------------- telemetry
 
     def _count_gpu(self, node: Node, dt: float) -> None:
-        """One second of the GPUs' error counters: healthy baselines and the node's fault."""
+        """``dt`` seconds of the GPUs' error counters: healthy baselines and the node's fault."""
         r = node.rng
         # healthy baselines: rare single-bit ECC, NVLink and PCIe replays
         node.sbe += r.poisson(2e-4 * dt, GPUS)
@@ -548,7 +546,7 @@ class Cluster:
             throttle[g] = HW_THERMAL | SW_THERMAL
             sm[g] = 1410.0
             power[g] = max(0.0, power[g] - 220.0)
-        self._count_gpu(node, 1.0)
+        self._count_gpu(node, float(max(1, int(self.cfg.gpu_every))))
         lost = node.lost
         for arr in (util, power, temp):
             arr[lost] = 0.0

@@ -149,7 +149,10 @@ _SETTINGS: dict[int, Settings] = {}
 
 def _settings(fleet: int) -> Settings:
     if fleet not in _SETTINGS:
-        _SETTINGS[fleet] = load_settings(environ={}, overrides={"safety": {"fleet_size": fleet}})
+        # the network track acts (network.enforce), as in the quality run: with the shipped
+        # default (advisory only) a failing NIC or cable is escalated to a person, not isolated
+        _SETTINGS[fleet] = load_settings(environ={}, overrides={"safety": {"fleet_size": fleet},
+                                                                "network": {"enforce": True}})
     return _SETTINGS[fleet]
 
 
@@ -725,11 +728,12 @@ class Fleet:
             self._call_person(s, node, persistent, inc)
             return
         # retry, restart or requeue without node evidence: the repeat-failure rule hears of it
-        unattributed = o.get("job_class") in ("transient_software", "unknown", "user_error")
+        # (as the job track does: not for a Python traceback, and each node carries 1/size of the blame)
+        unattributed = o.get("job_class") in ("transient_software", "unknown") and inc.kind != "user_bug"
         for m in list(s.nodes) if unattributed else []:
             h = self.nodes[m].health
             d = policy.node_on_notice(h, NodeNotice(ts=T0 + t, node=str(m), kind="job_failed", job=f"job-{s.id}",
-                                                    attempt=s.restarts + 1), self.ps)
+                                                    attempt=s.restarts + 1, job_nodes=len(s.nodes)), self.ps)
             if any(a.action.value == "isolate" for v in d.verdicts for a in v.actions):
                 self.counts["repeat_rule_isolations"] += 1
                 if self.nodes[m].broken is not None:

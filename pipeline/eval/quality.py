@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -338,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=Path, help="write every fault, verdict and action here (JSON)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    # a terminated run still stops its worker and the broker it started (the finally blocks)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run(nodes=a.nodes, hours=a.hours, speed=a.speed, seed=a.seed, quick=a.quick, inprocess=a.inprocess,
         bootstrap=a.bootstrap, out=a.out, records=a.records, say=lambda *x: print(*x, file=sys.stderr, flush=True))
     return 0
