@@ -34,6 +34,13 @@ Each step, per series:
 The score at step ``t`` depends on values up to ``t`` only (no look-ahead).
 A series scores 0 until it has seen ``warmup`` values. A NaN (or infinite)
 value scores 0 and leaves that series' state untouched.
+
+A stream in which only some series have a new value (the nodes whose
+telemetry arrived) steps those rows alone with :meth:`UnivariateDetector.update_rows`,
+at a cost in the rows stepped; :meth:`UnivariateDetector.grow` adds series
+(new nodes) and :meth:`UnivariateDetector.reset_rows` frees some for reuse.
+The pipeline (``pipeline.detect``) keeps banks of these over busy GPUs'
+temperature and power and over each node's step time in each job.
 """
 
 from __future__ import annotations
@@ -60,6 +67,13 @@ __all__ = ["UnivariateDetector"]
 _FAULT_CLASSES = frozenset(c.value for c in FaultClass)
 _LN10 = math.log(10.0)
 _LOG10_2 = math.log10(2.0)
+
+
+def _as_rows(rows: np.ndarray) -> np.ndarray:
+    r = np.asarray(rows)
+    if r.ndim == 1 and r.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    return as_array("rows", r, 1, "(k,)", "i").astype(np.int64, copy=False)
 
 
 class UnivariateDetector(Detector):
@@ -89,9 +103,11 @@ class UnivariateDetector(Detector):
     probability of the deviation (times ``repeat_factor`` for a repeat).
     0 during warm-up and for NaN input.
 
-    Streaming state (built on the first :meth:`update`, cleared by
-    :meth:`reset`) lives in attributes ending in ``_``; :meth:`score` and
-    :meth:`detect` replay a window on a fresh copy and leave it alone.
+    Streaming state (built on the first :meth:`update` or :meth:`grow`,
+    cleared by :meth:`reset`) lives in attributes ending in ``_``;
+    :meth:`update_rows` steps some series only, :meth:`grow` adds series and
+    :meth:`reset_rows` restarts some; :meth:`score` and :meth:`detect` replay
+    a window on a fresh copy and leave it alone.
     """
 
     def __init__(
@@ -142,6 +158,9 @@ class UnivariateDetector(Detector):
         mu = getattr(self, "mu_", None)
         return None if mu is None else mu.shape[0]
 
+    #: the per-series state arrays (first axis: series)
+    _STATE = ("mu_", "var_", "count_", "seen_", "short_", "short_pos_", "peak_", "run_", "relearned_")
+
     def _init_state(self, n: int) -> None:
         self.mu_ = np.zeros(n)  # baseline mean
         self.var_ = np.zeros(n)  # baseline variance
@@ -161,7 +180,7 @@ class UnivariateDetector(Detector):
         ----------
         values: ``(n,)`` float, the newest value of each series; NaN: no
             reading (scores 0, state unchanged). ``n`` is fixed by the first
-            call; :meth:`reset` to change it.
+            call; :meth:`grow` to add series, :meth:`reset` to start over.
 
         Returns
         -------
@@ -173,54 +192,180 @@ class UnivariateDetector(Detector):
         elif x.shape[0] != self.n_series_:
             raise ValueError(
                 f"values must have shape ({self.n_series_},) as in the first update, got shape "
-                f"{x.shape} (reset() to start over with another number of series)"
+                f"{x.shape} (grow() to add series, reset() to start over with another number)"
             )
-        ok = np.isfinite(x)
-        xv = np.where(ok, x, self.mu_)
-        rows = np.flatnonzero(ok)
+        score, last = self._step(slice(None), x)
+        self.last_ = last
+        return score
 
-        self.short_[rows, self.short_pos_[rows]] = x[rows]
-        self.short_pos_[rows] = (self.short_pos_[rows] + 1) % self.short_window
-        self.seen_[rows] += 1
-        short_mean = self.short_.mean(axis=1)
+    def update_rows(self, rows: np.ndarray, values: np.ndarray, *, min_score: float | None = None) -> np.ndarray:
+        """Take one new value for some series only; the others are not touched.
+
+        The same as :meth:`update` with NaN for every series not in ``rows``
+        (identical scores and state), at a cost in ``len(rows)``, not ``n``.
+
+        Parameters
+        ----------
+        rows: ``(k,)`` int, distinct series in ``[0, n)``.
+        values: ``(k,)`` float, the newest value of each of those series
+            (NaN: no reading). Before the first update or :meth:`grow` there
+            are no series: grow first.
+        min_score: when given, a score below it may read 0 (its tail
+            probability is not computed: the costliest part of a step); the
+            state, and every score from ``min_score`` up, are the same. Pass
+            :attr:`threshold` when only :meth:`findings` matter.
+
+        Returns
+        -------
+        ``(k,)`` float64 in [0, 1], the scores of ``rows`` in their order.
+        :meth:`findings` then reports findings whose ``index`` is the row.
+        """
+        r = _as_rows(rows)
+        x = as_array("values", values, 1, "(k,)", "f").astype(np.float64, copy=False)
+        if x.shape != r.shape:
+            raise ValueError(f"values must have shape {r.shape} like rows, got shape {x.shape}")
+        n = self.n_series_ or 0
+        if r.size and (r.min() < 0 or r.max() >= n):
+            raise ValueError(f"rows must lie in [0, {n}) (grow() to add series), got {r.min()}..{r.max()}")
+        score = np.zeros(r.shape[0])
+        ok = np.isfinite(x)
+        if ok.all():
+            score, last = self._step(r, x, min_score)
+        else:
+            # a NaN leaves its row alone: only the others are worked on
+            sub = np.flatnonzero(ok)
+            score[sub], part = self._step(r[sub], x[sub], min_score)
+            last = {k: np.zeros(r.shape[0], dtype=v.dtype) for k, v in part.items()}
+            for k, v in part.items():
+                last[k][sub] = v
+            last["value"] = x
+            last["mean"][~ok] = np.nan
+            last["sd"][~ok] = np.nan
+        last["rows"] = r
+        self.last_ = last
+        return score
+
+    def grow(self, n: int) -> None:
+        """Make room for ``n`` series, keeping the state of the existing ones; the new
+        series start in warm-up. Before the first update this builds the state."""
+        n = check_int("n", n, minimum=0)
+        old = self.n_series_
+        if old is None:
+            self._init_state(n)
+            return
+        if n < old:
+            raise ValueError(f"n must be at least the current number of series {old}, got {n}")
+        if n == old:
+            return
+        for name in self._STATE:
+            arr = getattr(self, name)
+            new = np.zeros((n, *arr.shape[1:]), dtype=arr.dtype)
+            new[:old] = arr
+            setattr(self, name, new)
+        self.last_ = {}
+
+    def reset_rows(self, rows: np.ndarray) -> None:
+        """Forget some series: they start from warm-up again (the others are kept)."""
+        r = _as_rows(rows)
+        if self.n_series_ is None or not r.size:
+            return
+        for name in self._STATE:
+            getattr(self, name)[r] = 0
+        self.last_ = {}
+
+    def state_nbytes(self) -> int:
+        """Bytes of streaming state (0 before the first update)."""
+        if self.n_series_ is None:
+            return 0
+        return sum(getattr(self, name).nbytes for name in self._STATE)
+
+    def _z_floor(self, min_score: float | None) -> float:
+        """The largest ``z`` whose score is surely below ``min_score`` (0: none)."""
+        if min_score is None or min_score <= 0.0:
+            return 0.0
+        # score >= min_score needs -log10(p) >= min_score * decades, p the two-sided tail
+        half_p = 0.5 * 10.0 ** (-min(min_score, 1.0) * self.decades)
+        if not half_p > 0.0:
+            return 0.0
+        return max(0.0, -float(special.ndtri(half_p)) * (1.0 - 1e-6) - 1e-6)
+
+    def _step(self, sel: slice | np.ndarray, x: np.ndarray,
+              min_score: float | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """One step of the series ``sel`` (all: ``slice(None)``; else distinct rows)
+        with values ``x``; returns their scores and the evidence of this step (see
+        :meth:`update_rows` for ``min_score``)."""
+        sw = self.short_window
+        mu, var, count, seen, peak = self.mu_[sel], self.var_[sel], self.count_[sel], self.seen_[sel], self.peak_[sel]
+        ok = np.isfinite(x)
+        xv = np.where(ok, x, mu)
+        seen += ok
+        if sw == 1:  # the short mean is the last value: no ring to turn
+            short = short_pos = None
+            short_mean = np.where(ok, x, self.short_[sel, 0])
+            self.short_[sel, 0] = short_mean
+        else:
+            short, short_pos = self.short_[sel], self.short_pos_[sel]
+            rows = np.flatnonzero(ok)
+            short[rows, short_pos[rows]] = x[rows]
+            short_pos[rows] = (short_pos[rows] + 1) % sw
+            short_mean = short.mean(axis=1)
 
         # Deviation from the baseline of the values before this one.
-        sd = np.sqrt(self.var_) + 1e-9 * (1.0 + np.abs(self.mu_))
-        z_point = np.abs(xv - self.mu_) / sd
-        z_short = np.abs(short_mean - self.mu_) / sd * math.sqrt(self.short_window)
-        live = ok & (self.seen_ >= self.warmup) & (self.count_ >= 2)
-        z_point = np.where(live, z_point, 0.0)
-        z_short = np.where(live & (self.seen_ >= self.short_window), z_short, 0.0)
-        z = np.maximum(z_point, z_short)
-        log10_p = (special.log_ndtr(-z) / _LN10 + _LOG10_2) if z.size else z
+        sd = np.sqrt(var) + 1e-9 * (1.0 + np.abs(mu))
+        live = ok & (seen >= self.warmup) & (count >= 2)
+        z_point = np.where(live, np.abs(xv - mu) / sd, 0.0)
+        if sw == 1:  # the short mean of a live series is its value
+            z_short = z = z_point
+        else:
+            z_short = np.abs(short_mean - mu) / sd * math.sqrt(sw)
+            z_short = np.where(live & (seen >= sw), z_short, 0.0)
+            z = np.maximum(z_point, z_short)
+        z_floor = self._z_floor(min_score)
+        if not z.size:
+            log10_p = z
+        elif z_floor <= 0.0:
+            log10_p = special.log_ndtr(-z) / _LN10 + _LOG10_2
+        else:  # only the deviations that can reach min_score
+            log10_p = np.zeros(z.shape)
+            far = np.flatnonzero(z > z_floor)
+            log10_p[far] = special.log_ndtr(-z[far]) / _LN10 + _LOG10_2
         tail = np.clip(-log10_p / self.decades, 0.0, 1.0)
-        repeat = z <= self.peak_
+        repeat = z <= peak
         score = np.where(live, np.where(repeat, self.repeat_factor * tail, tail), 0.0)
         decay = math.exp(-1.0 / self.quiet_window)
-        self.peak_ = np.where(ok, np.maximum(z, self.peak_ * decay), self.peak_)
+        peak = np.where(ok, np.maximum(z, peak * decay), peak)
 
         # Fold the value into the baseline.
-        alpha = np.maximum(1.0 / self.long_window, 1.0 / (self.count_ + 1.0))
-        d = xv - self.mu_
-        self.mu_ = np.where(ok, self.mu_ + alpha * d, self.mu_)
-        self.var_ = np.where(ok, (1.0 - alpha) * (self.var_ + alpha * d * d), self.var_)
-        self.count_ = self.count_ + ok
+        alpha = np.maximum(1.0 / self.long_window, 1.0 / (count + 1.0))
+        d = xv - mu
+        mu = np.where(ok, mu + alpha * d, mu)
+        var = np.where(ok, (1.0 - alpha) * (var + alpha * d * d), var)
+        count = count + ok
 
         # A lasting new level: the mean restarts there.
         if self.relearn_after:
+            run = self.run_[sel]
             beyond = live & (z_short > self.relearn_z)
-            self.run_ = np.where(beyond, self.run_ + 1, np.where(ok, 0, self.run_))
-            hit = self.run_ >= self.relearn_after
+            run = np.where(beyond, run + 1, np.where(ok, 0, run))
+            hit = run >= self.relearn_after
             if hit.any():
-                self.mu_ = np.where(hit, short_mean, self.mu_)
-                self.count_ = np.where(hit, self.short_window, self.count_)
-                self.run_ = np.where(hit, 0, self.run_)
-                self.relearned_ = self.relearned_ + hit
+                mu = np.where(hit, short_mean, mu)
+                count = np.where(hit, self.short_window, count)
+                run = np.where(hit, 0, run)
+                self.relearned_[sel] = self.relearned_[sel] + hit
+            self.run_[sel] = run
 
-        self.last_ = {"value": x, "score": score, "mean": np.where(live, self.mu_, np.nan),
-                      "sd": sd, "z_point": z_point, "z_short": z_short,
-                      "log10_p": np.where(live, log10_p, 0.0), "repeat": repeat & live}
-        return score
+        if isinstance(sel, slice):  # every series: the new arrays are the state
+            self.mu_, self.var_, self.count_, self.peak_ = mu, var, count, peak
+        else:  # seen, short and short_pos were changed in place for a slice
+            self.mu_[sel], self.var_[sel], self.count_[sel], self.peak_[sel] = mu, var, count, peak
+            self.seen_[sel] = seen
+            if short is not None:
+                self.short_[sel], self.short_pos_[sel] = short, short_pos
+        last = {"value": x, "score": score, "mean": np.where(live, mu, np.nan),
+                "sd": sd, "z_point": z_point, "z_short": z_short,
+                "log10_p": np.where(live, log10_p, 0.0), "repeat": repeat & live}
+        return score, last
 
     def run(self, series: np.ndarray) -> np.ndarray:
         """Stream a block of ``t`` steps through :meth:`update`, keeping the state.
@@ -236,8 +381,9 @@ class UnivariateDetector(Detector):
     def findings(self, scores: np.ndarray | None = None) -> list[Finding]:
         """Findings for the series whose latest score is ``>= threshold``.
 
-        ``scores``: the ``(n,)`` array the latest :meth:`update` returned (the
-        default); evidence comes from that update.
+        ``scores``: the array the latest :meth:`update` or :meth:`update_rows`
+        returned (the default); evidence comes from that update. After
+        :meth:`update_rows` a finding's ``index`` is its series' row.
         """
         last = getattr(self, "last_", None) or {}
         if scores is None:
@@ -245,10 +391,12 @@ class UnivariateDetector(Detector):
                 return []
             scores = last["score"]
         s = as_array("scores", scores, 1, "(n,)", "f").astype(np.float64, copy=False)
+        same = bool(last) and last["score"].shape == s.shape
+        rows = last.get("rows") if same else None
         out = []
         for i in np.flatnonzero(s >= self.threshold):
             ev = {"score": float(s[i])}
-            if last and last["score"].shape == s.shape:
+            if same:
                 ev.update(
                     value=float(last["value"][i]),
                     baseline_mean=float(last["mean"][i]),
@@ -259,7 +407,8 @@ class UnivariateDetector(Detector):
                     p_value=float(10.0 ** last["log10_p"][i]),
                 )
             severity = "critical" if s[i] >= self.critical else self.severity
-            out.append(Finding(self.kind, self.fault_class, severity, s[i], i, None, ev))
+            index = i if rows is None else rows[i]
+            out.append(Finding(self.kind, self.fault_class, severity, s[i], index, None, ev))
         return out
 
     # -- the base contract: a window per call --------------------------------

@@ -74,6 +74,14 @@ class DetectorSettings(_Section):
     throttle_fraction: float = Field(0.5, gt=0, le=1)
     peer_threshold: float = Field(5.0, gt=0, description="robust z-score beyond which a node departs from its job peers (calibrated on Alibaba PAI traces)")
     anomaly_cooldown_s: float = Field(15.0, ge=0, description="re-emit the same finding at most this often")
+    univariate: bool = Field(
+        True, description="streaming baselines (detectors.UnivariateDetector) of each GPU's temperature and power "
+                          "while it is busy, and of each node's step time in each job; their anomalies "
+                          "(temp_drift, power_drift, step_time_drift) are info: evidence in the node's history, "
+                          "never a reason to isolate")
+    univariate_threshold: float = Field(
+        0.1, gt=0, le=1, description="univariate score from which an anomaly is reported: 0.1 is a two-sided "
+                                     "Gaussian tail p = 1e-5 (about 4.4 baseline standard deviations), 1 is p = 1e-50")
 
     @model_validator(mode="after")
     def _recent_fits(self) -> "DetectorSettings":

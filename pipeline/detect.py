@@ -5,6 +5,11 @@ one column per GPU or port).  A batch of samples updates the rings, then every d
 scores all the updated nodes at once over stacked arrays.  The rings live in memory:
 after a restart a node's window warms up again (detectors return a neutral score while
 warming up), which the node track tolerates because degradation needs confirmations.
+
+Besides the rule and rate detectors, streaming baselines (:class:`UnivariateDetector`)
+follow each busy GPU's temperature and power and each node's step time in each job;
+their deviations are info anomalies (``temp_drift``, ``power_drift``, ``step_time_drift``):
+evidence in the node's history, never a reason to isolate on their own.
 """
 
 from __future__ import annotations
@@ -23,13 +28,14 @@ from detectors import (
     PeerDetector,
     RateChangeDetector,
     ThrottleDetector,
+    UnivariateDetector,
     XidDetector,
     thermal_mask,
 )
 from detectors.fabric import COUNTERS as FABRIC_COUNTERS
 from detectors.fabric import FEATURES as FABRIC_FEATURES
 from detectors.fabric import PortModel, port_features
-from schemas import Anomaly, FaultClass, GpuSample, JobEvent, NetworkSample, Severity, Window
+from schemas import Anomaly, FaultClass, GpuSample, JobEvent, JobEventKind, NetworkSample, Severity, Window
 
 from .config import DetectorSettings, NetworkSettings
 from .policy import stable_id
@@ -84,6 +90,17 @@ DETECTOR_FIELDS = ("ecc_sbe", "nvlink_crc", "nvlink_replay", "nvlink_recovery", 
                    "throttle", "remap_failure", "lost")
 _EVENT_FIELDS = operator.attrgetter(*DETECTOR_FIELDS)
 SBE, NVL_CRC, NVL_REPLAY, NVL_RECOVERY, PCIE, DBE, THROTTLE, REMAP_FAILURE, LOST = range(len(DETECTOR_FIELDS))
+#: the per-GPU readings of the univariate baselines, in the column order of :func:`_readings`
+_READINGS = operator.attrgetter("util", "temp", "power")
+#: a GPU is busy above this utilisation (percent); its temperature and power are
+#: learnt and judged only while it is busy, so idle periods do not shape the baseline
+BUSY_UTIL = 50.0
+#: event-time seconds a GPU must have been busy before its temperature and power count:
+#: a GPU heats up over tens of seconds after a job starts (its heat sink's time
+#: constant), and that ramp is no drift
+BUSY_SETTLE_S = 60.0
+#: a job without progress for this long (event time) is forgotten by the step-time baselines
+JOB_IDLE_S = 3600.0
 
 
 def _temperatures(ss: Sequence[GpuSample], g: int) -> np.ndarray:
@@ -94,6 +111,38 @@ def _temperatures(ss: Sequence[GpuSample], g: int) -> np.ndarray:
     except TypeError:
         return np.array([[np.nan if v is None else v for v in (s.temp or [None] * g)] for s in ss],
                         dtype=np.float64).reshape(len(ss), g)
+
+
+def _readings(ss: Sequence[GpuSample], g: int) -> np.ndarray:
+    """``(m, 3, g)`` utilisation, temperature and power; NaN where absent or null."""
+    chain = itertools.chain.from_iterable
+    try:
+        return np.fromiter(chain(chain(map(_READINGS, ss))), dtype=np.float64,
+                           count=len(ss) * 3 * g).reshape(len(ss), 3, g)
+    except TypeError:  # an absent field or a null entry
+        out = np.full((len(ss), 3, g), np.nan)
+        for k, s in enumerate(ss):
+            for j, values in enumerate(_READINGS(s)):
+                if values is not None:
+                    out[k, j] = [np.nan if v is None else v for v in values]
+        return out
+
+
+def _bank(kind: str, threshold: float) -> UnivariateDetector:
+    """A bank of univariate baselines at the detector's defaults; findings are info."""
+    return UnivariateDetector(kind=kind, fault_class="node_degrading", severity="info", threshold=threshold)
+
+
+def _univariate_findings(det: UnivariateDetector, scores: np.ndarray) -> list[Finding]:
+    """The bank's findings, info whatever their score (evidence, never a verdict), with
+    the direction of the deviation."""
+    out = []
+    for fd in det.findings(scores):
+        ev = fd.evidence
+        ev["direction"] = "high" if ev.get("value", 0.0) >= ev.get("baseline_mean", 0.0) else "low"
+        out.append(Finding(kind=fd.kind, fault_class=fd.fault_class, severity="info", score=fd.score,
+                           index=fd.index, gpu=None, evidence=ev))
+    return out
 
 
 def _detector_fields(rows: Sequence[tuple], g: int) -> np.ndarray:
@@ -190,6 +239,9 @@ class GpuFleetState(_NodeRows):
         #: a quiet node whose lists did not change needs no conversion at all
         self.seen: list[tuple | None] = []
         self.quiet: list[bool] = []
+        #: univariate baselines of busy GPUs' readings (rows: node row x GPUs + GPU), made
+        #: by :class:`GpuDetection` when enabled
+        self.banks: dict[str, UnivariateDetector] = {}
         super().__init__(capacity)
 
     def _fields(self) -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -202,7 +254,12 @@ class GpuFleetState(_NodeRows):
             "acc": ((c, g), np.int64), "ring": ((w + 1, c, g), np.int32),
             "th_acc": ((g,), np.int64), "th_ring": ((tw + 1, g), np.int16),
             "temp": ((tw, g), np.float16),
+            # whether each GPU was busy at the last sample, and since when (event time)
+            "busy": ((g,), np.bool_), "busy_since": ((g,), np.float64),
         }
+
+    def nbytes(self) -> int:
+        return super().nbytes() + sum(b.state_nbytes() for b in self.banks.values())
 
     def node(self, name: str) -> int:
         i = self.index.get(name)
@@ -235,6 +292,7 @@ class GpuDetection:
         }
         self.throttle_window = min(60, cfg.window)
         self.throttle = ThrottleDetector(window=self.throttle_window, min_fraction=cfg.throttle_fraction)
+        self.univariate = cfg.univariate
         self.fleets: dict[int, GpuFleetState] = {}
         self.cooldown = Cooldown(cfg.anomaly_cooldown_s)
         self.late = 0
@@ -252,6 +310,9 @@ class GpuDetection:
         if f is None:
             f = self.fleets[g] = GpuFleetState(g, self.cfg.window, self.cfg.recent, self.throttle_window,
                                                capacity=self.capacity)
+            if self.univariate:
+                th = self.cfg.univariate_threshold
+                f.banks = {"temp": _bank("temp_drift", th), "power": _bank("power_drift", th)}
         return f
 
     def process(self, samples: Sequence[GpuSample]) -> list[Anomaly]:
@@ -381,6 +442,46 @@ class GpuDetection:
                     s = ss[sel[fd.index]]
                     if self.cooldown.allow((s.node, fd.gpu, fd.kind), s.ts):
                         out.append(_anomaly("throttle", s.node, fd, s.ts))
+        if f.banks:
+            out.extend(self._univariate_round(f, idx, ss))
+        return out
+
+    def _univariate_round(self, f: GpuFleetState, idx: np.ndarray, ss: list[GpuSample]) -> list[Anomaly]:
+        """Temperature and power of every GPU busy for :data:`BUSY_SETTLE_S` into their
+        baselines (one row per node row and GPU); deviations are info anomalies."""
+        m, g = len(ss), f.g
+        r = _readings(ss, g)
+        ts = np.fromiter((s.ts for s in ss), dtype=np.float64, count=m)
+        busy = r[:, 0] > BUSY_UTIL  # a null utilisation is not busy
+        since = np.where(busy & ~f.busy[idx], ts[:, None], f.busy_since[idx])
+        f.busy[idx] = busy
+        f.busy_since[idx] = since
+        k, j = np.nonzero(busy & (ts[:, None] - since >= BUSY_SETTLE_S))
+        if not k.size:
+            return []
+        rows = idx[k] * g + j
+        out: list[Anomaly] = []
+        for col, name in ((1, "temp"), (2, "power")):
+            det = f.banks[name]
+            if det.n_series_ != f.cap * g:
+                det.grow(f.cap * g)  # the fleet grew: new nodes' rows start in warm-up
+            v = r[k, col, j]
+            fin = np.isfinite(v)
+            brows = rows
+            if not fin.all():
+                brows, v = rows[fin], v[fin]
+            scores = det.update_rows(brows, v, min_score=det.threshold)
+            if not (scores >= det.threshold).any():
+                continue
+            for fd in _univariate_findings(det, scores):
+                node_row, gpu = divmod(fd.index, g)
+                pos = int(np.flatnonzero(idx == node_row)[0])
+                s = ss[pos]
+                if self.cooldown.allow((s.node, gpu, fd.kind), s.ts):
+                    ev = {**fd.evidence, "util": float(r[pos, 0, gpu]), "busy_s": float(s.ts - since[pos, gpu])}
+                    fd2 = Finding(kind=fd.kind, fault_class=fd.fault_class, severity=fd.severity, score=fd.score,
+                                  index=pos, gpu=gpu, evidence=ev)
+                    out.append(_anomaly("univariate", s.node, fd2, s.ts))
         return out
 
 
@@ -643,12 +744,22 @@ class NetworkDetection:
 
 
 class PeerDetection:
-    """Peer comparison within one job: step time (slow node) and GPU power (low)."""
+    """Peer comparison within one job: step time (slow node) and GPU power (low); and,
+    when enabled, each node's step time in a job against its own baseline (a
+    :class:`UnivariateDetector` bank, one row per (job, node))."""
 
     def __init__(self, cfg: DetectorSettings) -> None:
         self.step = PeerDetector(threshold=cfg.peer_threshold, direction="high", kind="peer_step_time")
         self.power = PeerDetector(threshold=cfg.peer_threshold, direction="low", kind="peer_power")
         self.cooldown = Cooldown(cfg.anomaly_cooldown_s)
+        self.univariate = cfg.univariate
+        self.step_uv = _bank("step_time_drift", cfg.univariate_threshold)
+        #: (job, node) -> row of ``step_uv``; rows of forgotten jobs are reused
+        self.rows: dict[tuple[str, str], int] = {}
+        self.free: list[int] = []
+        #: job -> [attempt, event time of its last progress, its (node, row) pairs]
+        self.jobs: dict[str, list] = {}
+        self._swept = -np.inf
 
     def process(self, e: JobEvent) -> list[Anomaly]:
         out: list[Anomaly] = []
@@ -663,4 +774,64 @@ class PeerDetection:
                     f2 = Finding(kind=f.kind, fault_class=f.fault_class, severity=f.severity, score=f.score,
                                  index=f.index, gpu=None, evidence={**f.evidence, "job": e.job})
                     out.append(_anomaly("peer", node, f2, e.ts, subject_type="node", subject=node))
+        if self.univariate:
+            if e.node_step_times:
+                out.extend(self._step_drift(e, e.node_step_times))
+            if e.event in (JobEventKind.completed, JobEventKind.failed):
+                self.forget(e.job)
         return out
+
+    def _step_drift(self, e: JobEvent, values: dict[str, float]) -> list[Anomaly]:
+        """Each node's step time in the job against its own baseline (info anomalies)."""
+        if e.ts - self._swept >= JOB_IDLE_S / 6:
+            self._swept = e.ts
+            for job in [j for j, (_, last, _) in self.jobs.items() if e.ts - last > JOB_IDLE_S]:
+                self.forget(job)
+        job = self.jobs.get(e.job)
+        if job is not None and job[0] != e.attempt:
+            self.forget(e.job)  # a new attempt (maybe on other nodes) starts over
+            job = None
+        if job is None:
+            job = self.jobs[e.job] = [e.attempt, e.ts, []]
+        job[1] = e.ts
+        nodes = list(values)
+        rows = np.fromiter((self._row(e.job, n, job) for n in nodes), dtype=np.int64, count=len(nodes))
+        x = np.fromiter(values.values(), dtype=np.float64, count=len(nodes))
+        det = self.step_uv
+        scores = det.update_rows(rows, x, min_score=det.threshold)
+        out: list[Anomaly] = []
+        if not (scores >= det.threshold).any():
+            return out
+        for fd in _univariate_findings(det, scores):
+            node = nodes[int(np.flatnonzero(rows == fd.index)[0])]
+            if self.cooldown.allow((node, fd.kind), e.ts):
+                f2 = Finding(kind=fd.kind, fault_class=fd.fault_class, severity=fd.severity, score=fd.score,
+                             index=0, gpu=None, evidence={**fd.evidence, "job": e.job, "attempt": e.attempt})
+                out.append(_anomaly("univariate", node, f2, e.ts, subject_type="node", subject=node))
+        return out
+
+    def _row(self, job: str, node: str, entry: list) -> int:
+        key = (job, node)
+        i = self.rows.get(key)
+        if i is None:
+            if self.free:
+                i = self.free.pop()
+            else:
+                i = len(self.rows)
+                n = self.step_uv.n_series_ or 0
+                if i >= n:
+                    self.step_uv.grow(n + max(64, n // 4))
+            self.rows[key] = i
+            entry[2].append((node, i))
+        return i
+
+    def forget(self, job: str) -> None:
+        """Drop a job's step-time baselines (its rows start from warm-up when reused)."""
+        entry = self.jobs.pop(job, None)
+        if not entry or not entry[2]:
+            return
+        freed = [i for _, i in entry[2]]
+        for node, _ in entry[2]:
+            del self.rows[(job, node)]
+        self.step_uv.reset_rows(np.asarray(freed, dtype=np.int64))
+        self.free.extend(freed)

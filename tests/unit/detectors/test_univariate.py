@@ -137,3 +137,94 @@ def test_update_with_another_number_of_series_raises_until_reset():
 def test_invalid_parameter_raises_naming_it(name, value):
     with pytest.raises(ValueError, match=name):
         UnivariateDetector(**{name: value})
+
+
+# ------------------------------------------------------------------------------ subsets and growth
+
+
+@pytest.mark.parametrize("params", [{}, {"short_window": 3, "relearn_z": 3.0, "relearn_after": 5}])
+def test_an_update_of_some_rows_equals_a_full_update_with_nan_elsewhere(params):
+    rng = np.random.default_rng(7)
+    x = np.cumsum(rng.normal(0, 1, (12, 500)), axis=1)
+    x[4, 300:] += 50  # a level shift
+    x[9, 250] += 40  # a spike
+    x[2, ::11] = np.nan
+    full, part = UnivariateDetector(warmup=20, **params), UnivariateDetector(warmup=20, **params)
+    part.grow(12)
+    for t in range(x.shape[1]):
+        rows = rng.permutation(12)[: rng.integers(0, 13)]  # any subset, in any order
+        v = np.full(12, np.nan)
+        v[rows] = x[rows, t]
+        np.testing.assert_array_equal(part.update_rows(rows, x[rows, t]), full.update(v)[rows])
+        expected = [(f.index, f.score, f.severity, f.evidence) for f in full.findings()]
+        got = sorted(part.findings(), key=lambda f: f.index)  # in the order of rows
+        assert [(f.index, f.score, f.severity, f.evidence) for f in got] == expected
+    for k in UnivariateDetector._STATE:
+        np.testing.assert_array_equal(getattr(part, k), getattr(full, k))
+    assert full.findings(full.update(x[:, -1] + 100.0))  # the comparison saw findings
+
+
+def test_min_score_leaves_state_and_scores_from_it_up_unchanged():
+    rng = np.random.default_rng(8)
+    x = rng.normal(10.0, 1.0, (20, 400))
+    x[rng.random(x.shape) < 0.01] += 8.0  # a sprinkle of spikes
+    exact, fast = UnivariateDetector(warmup=30), UnivariateDetector(warmup=30)
+    exact.grow(20), fast.grow(20)
+    rows = np.arange(20)
+    hits = 0
+    for t in range(x.shape[1]):
+        s = exact.update_rows(rows, x[:, t])
+        f = fast.update_rows(rows, x[:, t], min_score=exact.threshold)
+        high = s >= exact.threshold
+        hits += high.sum()
+        np.testing.assert_array_equal(f[high], s[high])
+        assert np.all(f[~high] < exact.threshold)
+        assert [(a.index, a.score, a.evidence) for a in fast.findings()] == \
+            [(a.index, a.score, a.evidence) for a in exact.findings()]
+    assert hits > 0
+    for k in UnivariateDetector._STATE:
+        np.testing.assert_array_equal(getattr(fast, k), getattr(exact, k))
+
+
+def test_growth_keeps_the_state_and_new_rows_start_in_warmup():
+    x = _noise(n=5, t=400)
+    grown, three, two = UnivariateDetector(), UnivariateDetector(), UnivariateDetector()
+    grown.run(x[:3, :200])
+    three.run(x[:3, :200])
+    grown.grow(5)
+    assert grown.n_series_ == 5
+    for k in UnivariateDetector._STATE:  # the old rows' state, untouched
+        np.testing.assert_array_equal(getattr(grown, k)[:3], getattr(three, k))
+    after = grown.run(x[:, 200:])
+    np.testing.assert_array_equal(after[:3], three.run(x[:3, 200:]))
+    np.testing.assert_array_equal(after[3:], two.run(x[3:, 200:]))  # as if new
+    assert np.all(after[3:, : grown.warmup - 1] == 0.0)
+    with pytest.raises(ValueError, match="n must be at least"):
+        grown.grow(4)
+
+
+def test_grow_before_any_update_builds_the_state_and_reset_rows_forgets_some():
+    det = UnivariateDetector(warmup=10)
+    det.grow(3)
+    assert det.n_series_ == 3 and det.state_nbytes() > 0
+    x = _noise(n=3, t=100)
+    det.run(x)
+    det.reset_rows(np.array([1]))
+    assert det.seen_[1] == 0 and det.seen_[0] == 100 and det.seen_[2] == 100
+    fresh = UnivariateDetector(warmup=10)
+    np.testing.assert_array_equal(det.run(x)[1], fresh.run(x[1:2])[0])
+
+
+def test_update_rows_checks_its_rows():
+    det = UnivariateDetector()
+    with pytest.raises(ValueError, match="rows must lie"):
+        det.update_rows(np.array([0]), np.array([1.0]))  # no series yet: grow first
+    det.grow(4)
+    with pytest.raises(ValueError, match="rows must lie"):
+        det.update_rows(np.array([4]), np.array([1.0]))
+    with pytest.raises(ValueError, match="values must have shape"):
+        det.update_rows(np.array([0, 1]), np.array([1.0]))
+    with pytest.raises(ValueError, match="rows must be a integer"):
+        det.update_rows(np.array([0.5]), np.array([1.0]))
+    assert det.update_rows(np.array([], dtype=np.int64), np.array([])).shape == (0,)
+    assert det.findings() == []

@@ -1,14 +1,17 @@
-"""GPU detection over batches of samples: hard faults, late samples, resets, batching."""
+"""GPU and job detection: hard faults, late samples, resets, batching, univariate baselines."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from pipeline.config import DetectorSettings
-from pipeline.detect import GpuDetection
+from detectors import UnivariateDetector
+from pipeline.config import DetectorSettings, PolicySettings
+from pipeline.detect import BUSY_SETTLE_S, JOB_IDLE_S, GpuDetection, PeerDetection
+from pipeline.policy import HEALTHY, SUSPECT, new_node_health, node_on_anomaly
 from schemas import FaultClass, Severity
 
-from .builders import GPUS, T0, gpu_sample, sbe_ramp
+from .builders import GPUS, T0, anomaly, gpu_sample, job_event, sbe_ramp
 
 NODE = "node-0001"
 
@@ -142,3 +145,150 @@ def test_absent_fields_and_null_entries_are_no_evidence_and_no_crash() -> None:
             "lost": [False] * (GPUS - 1) + [True], "temp": [60.0] * (GPUS - 1) + [None]}
     found = det.process([GpuSample.model_validate(lost)])
     assert [(a.kind, a.gpu) for a in found] == [("gpu_lost", GPUS - 1)]
+
+
+# ------------------------------------------------------------------------------ univariate baselines
+
+
+def _busy_node(n: int, *, seed: int = 0, t0: float = T0, temp: float = 65.0, power: float = 650.0,
+               util: float = 95.0) -> list[dict]:
+    """``n`` seconds of a busy node's readings (noisy around the given levels), as sample fields."""
+    rng = np.random.default_rng(seed)
+    return [{"ts": t0 + i, "util": [util] * GPUS, "temp": np.round(rng.normal(temp, 1.0, GPUS), 1).tolist(),
+             "power": np.round(rng.normal(power, 10.0, GPUS), 1).tolist()} for i in range(n)]
+
+
+def _samples(rows: list[dict]) -> list:
+    return [gpu_sample(NODE, r.pop("ts"), **r) for r in rows]
+
+
+def _univariate(found) -> list:
+    return [a for a in found if a.detector == "univariate"]
+
+
+#: busy seconds before a GPU's baseline scores: the settling time, then the warm-up
+LIVE = int(BUSY_SETTLE_S) + UnivariateDetector().warmup + 20
+
+
+def test_a_busy_gpu_whose_temperature_jumps_yields_one_info_temp_drift() -> None:
+    rows = _busy_node(LIVE + 40)
+    for r in rows[LIVE:LIVE + 10]:
+        r["temp"][2] += 15.0  # 15 sigma, for ten seconds
+    found = _univariate(_detection().process(_samples(rows)))
+    [a] = found
+    assert (a.kind, a.subject, a.gpu, a.subject_type) == ("temp_drift", f"{NODE}/gpu2", 2, "gpu")
+    assert (a.fault_class, a.severity) == (FaultClass.node_degrading, Severity.info)
+    assert a.ts == T0 + LIVE
+    assert a.evidence["direction"] == "high" and a.evidence["z_point"] > 10
+    assert a.evidence["baseline_mean"] == pytest.approx(65.0, abs=0.5)
+
+
+def test_a_power_drop_is_a_power_drift_and_batching_does_not_change_it() -> None:
+    rows = _busy_node(LIVE + 30, seed=3)
+    for r in rows[LIVE:]:
+        r["power"][6] -= 200.0
+    one_batch = _univariate(_detection().process(_samples([dict(r) for r in rows])))
+    det, by_tens = _detection(), []
+    samples = _samples(rows)
+    for k in range(0, len(samples), 10):
+        by_tens += _univariate(det.process(samples[k:k + 10]))
+    assert [(a.ts, a.kind, a.gpu) for a in one_batch] == [(T0 + LIVE, "power_drift", 6)]
+    assert [(a.ts, a.kind, a.gpu) for a in by_tens] == [(a.ts, a.kind, a.gpu) for a in one_batch]
+    assert one_batch[0].evidence["direction"] == "low"
+
+
+def test_idle_periods_and_a_gpu_warming_up_after_a_job_starts_yield_nothing() -> None:
+    busy = _busy_node(LIVE + 50)
+    idle = _busy_node(300, seed=1, t0=T0 + LIVE + 50, temp=34.0, power=70.0, util=0.0)
+    # a new job: utilisation at once, the temperature climbing for 45 s from idle to busy
+    again = _busy_node(200, seed=2, t0=T0 + LIVE + 350)
+    for i, r in enumerate(again[:45]):
+        r["temp"] = [34.0 + (65.0 - 34.0) * i / 45 + (t - 65.0) for t in r["temp"]]
+    det = _detection()
+    assert _univariate(det.process(_samples(busy + idle + again))) == []
+    fleet = det.fleets[GPUS]
+    assert fleet.banks["temp"].seen_[:GPUS].min() > UnivariateDetector().warmup  # it did learn
+
+
+def test_with_univariate_off_there_are_no_univariate_anomalies_and_no_baselines() -> None:
+    rows = _busy_node(LIVE + 20)
+    for r in rows[LIVE:]:
+        r["temp"][0] += 20.0
+    det = GpuDetection(DetectorSettings(univariate=False))
+    assert _univariate(det.process(_samples(rows))) == []
+    assert det.fleets[GPUS].banks == {}
+    peer = PeerDetection(DetectorSettings(univariate=False))
+    assert _univariate([a for e in _progress(300, jump_at=200) for a in peer.process(e)]) == []
+
+
+JOB = "train-0001"
+NODES = [f"node-{i:04d}" for i in range(1, 5)]
+
+
+def _progress(n: int, *, jump_at: int | None = None, job: str = JOB, attempt: int = 1, seed: int = 0) -> list:
+    """``n`` progress events 10 s apart; from ``jump_at`` node-0003 takes 30% longer per step."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        times = {node: round(float(1.2 * np.exp(rng.normal(0, 0.01))), 4) for node in NODES}
+        if jump_at is not None and i >= jump_at:
+            times["node-0003"] = round(times["node-0003"] * 1.3, 4)
+        out.append(job_event(job, "progress", T0 + 10 * i, nodes=NODES, attempt=attempt, node_step_times=times))
+    return out
+
+
+def test_a_node_whose_step_time_jumps_yields_a_step_time_drift_on_the_node() -> None:
+    det = PeerDetection(DetectorSettings())
+    found = _univariate([a for e in _progress(300, jump_at=200) for a in det.process(e)])
+    assert [(a.kind, a.subject, a.subject_type, a.ts) for a in found][:1] == [
+        ("step_time_drift", "node-0003", "node", T0 + 2000)]
+    assert {a.subject for a in found} == {"node-0003"}
+    a = found[0]
+    assert (a.severity, a.fault_class, a.gpu) == (Severity.info, FaultClass.node_degrading, None)
+    assert a.evidence["job"] == JOB
+    assert a.evidence["direction"] == "high"
+
+
+def test_step_time_baselines_are_forgotten_with_their_job() -> None:
+    det = PeerDetection(DetectorSettings())
+    for e in _progress(20):
+        det.process(e)
+    assert len(det.rows) == len(NODES)
+    det.process(job_event(JOB, "completed", T0 + 300, nodes=NODES))
+    assert det.rows == {} and len(det.free) == len(NODES)
+    for e in _progress(5, job="train-0002"):  # the rows are reused, from warm-up
+        det.process(e)
+    assert len(det.free) == 0 and det.step_uv.n_series_ == 64
+    assert det.step_uv.seen_[sorted(det.rows.values())].tolist() == [5] * len(NODES)
+    # a new attempt starts over; a job silent for an hour is dropped
+    det.process(_progress(1, job="train-0002", attempt=2)[0])
+    assert det.step_uv.seen_[sorted(det.rows.values())].tolist() == [1] * len(NODES)
+    later = _progress(1, job="train-0003")[0].model_copy(update={"ts": T0 + JOB_IDLE_S + 100})
+    det.process(later)
+    assert set(det.jobs) == {"train-0003"}
+
+
+def test_univariate_anomalies_are_evidence_only_for_the_node_track() -> None:
+    """Every temp_drift/power_drift of GPUs with repeated excursions, through the node
+    track: recorded in the node's history, never a suspect node or an isolation, and not
+    counted with real degradation warnings either."""
+    rows = _busy_node(LIVE + 600, seed=5)
+    for r in rows[LIVE::20]:  # an excursion every 20 s for ten minutes
+        r["temp"][1] += 15.0
+        r["power"][4] -= 150.0
+    found = _univariate(_detection().process(_samples(rows)))
+    assert len(found) >= 10 and {a.kind for a in found} == {"temp_drift", "power_drift"}
+    assert {a.severity for a in found} == {Severity.info}
+    cfg = PolicySettings(degrade_confirmations=3, degrade_window_s=600.0)
+    h = new_node_health()
+    for a in found:
+        d = node_on_anomaly(h, a, cfg)
+        assert (d.verdicts, d.job_notices) == ([], [])
+    assert h["state"] == HEALTHY
+    assert [x[1] for x in h["anomalies"]] == [a.kind for a in found][-64:]
+    # two real warnings and the info anomalies in between: not three confirmations
+    last = found[-1].ts
+    for k, ts in enumerate((last + 1, last + 2)):
+        d = node_on_anomaly(h, anomaly(NODE, ts, kind="ecc_sbe_rate", id=f"w{k}"), cfg)
+        assert d.verdicts == []
+    assert h["state"] == SUSPECT
