@@ -474,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser(
         "eval", help="detection quality through Kafka + Faust, and a 54-day closed loop against three baselines",
+        epilog="The quality run starts the embedded Kafka broker unless the global --bootstrap names one.",
         description="Part 1 runs a seeded scenario (512 nodes x 8 GPUs, 300 faults of every class, 7 simulated hours "
                     "at 50x) through the embedded Kafka and a Faust worker and scores every verdict against the "
                     "ground truth. Part 2 replays a 2,048-node cluster over 54 simulated days at field failure rates "
@@ -485,7 +486,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--speed", type=float, default=50.0, help="simulated seconds per wall second (default 50)")
     sp.add_argument("--seed", type=int, default=1)
     sp.add_argument("--inprocess", action="store_true", help="quality run without Kafka (the same code, one process)")
-    sp.add_argument("--bootstrap", help="use this Kafka broker instead of starting the embedded one")
     sp.add_argument("--skip-quality", action="store_true", help="only the closed loop")
     sp.add_argument("--skip-closed-loop", action="store_true", help="only the quality run")
     sp.add_argument("--check", action="store_true", help="exit 1 when an acceptance target is missed")

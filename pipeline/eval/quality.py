@@ -72,6 +72,8 @@ class Scenario:
     speed: float = 50.0
     seed: int = 1
     mix: dict[str, int] | None = None
+    #: degradation from first sign to failure, simulated seconds (thermal: two thirds of it)
+    ramp_s: tuple[float, float] = (1800.0, 3600.0)
 
     @property
     def duration(self) -> float:
@@ -94,12 +96,12 @@ def plan(sc: Scenario) -> list[Fault]:
             at = round(lo + step * (i + rng.random()))
             f = Fault(kind=kind, at=float(at))
             if kind in ("sbe_rise", "nvlink"):
-                ramp = rng.uniform(1800.0, 3600.0)
+                ramp = rng.uniform(*sc.ramp_s)
                 f.fail_at = at + round(ramp)
                 # the error rate rises e-fold every tau s from its first sign to the failure
                 f.tau = ramp / (9.2 if kind == "sbe_rise" else 7.6)
             elif kind == "thermal":
-                f.fail_at = at + round(rng.uniform(1200.0, 2400.0))
+                f.fail_at = at + round(rng.uniform(*sc.ramp_s) * 2 / 3)
             elif kind == "leaf":
                 f.end_at = at + 600.0
             elif kind == "nic":
@@ -131,8 +133,8 @@ def run(*, nodes: int = 512, hours: float = 7.0, speed: float = 50.0, seed: int 
         say=print) -> dict[str, Any]:
     """Run the scenario and score it; ``records`` keeps every verdict, action and fault as JSON."""
     if quick:
-        sc = Scenario(nodes=min(nodes, 64), hours=1.75, warmup_s=1200.0, tail_s=3000.0, speed=speed, seed=seed,
-                      mix=QUICK_MIX)
+        sc = Scenario(nodes=min(nodes, 64), hours=1.0, warmup_s=900.0, tail_s=1500.0, speed=speed, seed=seed,
+                      mix=QUICK_MIX, ramp_s=(900.0, 1200.0))
     else:
         sc = Scenario(nodes=nodes, hours=hours, speed=speed, seed=seed)
     cluster = _cluster(sc)
@@ -332,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hours", type=float, default=7.0, help="simulated hours (default 7)")
     p.add_argument("--speed", type=float, default=50.0, help="simulated seconds per wall second (default 50)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--quick", action="store_true", help="64 nodes, one fault of each kind (about a minute)")
+    p.add_argument("--quick", action="store_true", help="64 nodes, one fault of each kind, 1 simulated hour "
+                                                          "(about 80 s at 50x)")
     p.add_argument("--inprocess", action="store_true", help="no Kafka: the same code in one process")
     p.add_argument("--bootstrap", help="use this Kafka broker instead of starting the embedded one")
     p.add_argument("--out", type=Path, help="write the JSON result here")
