@@ -476,14 +476,14 @@ def build_parser() -> argparse.ArgumentParser:
         "eval", help="detection quality through Kafka + Faust, and a 54-day closed loop against three baselines",
         epilog="The quality run starts the embedded Kafka broker unless the global --bootstrap names one.",
         description="Part 1 runs a seeded scenario (512 nodes x 8 GPUs, 300 faults of every class, 7 simulated hours "
-                    "at 50x) through the embedded Kafka and a Faust worker and scores every verdict against the "
+                    "at 25x) through the embedded Kafka and a Faust worker and scores every verdict against the "
                     "ground truth. Part 2 replays a 2,048-node cluster over 54 simulated days at field failure rates "
                     "(pipeline/eval/field.toml) with fleetmedic, manual handling, naive auto-cordon and retry-only. "
                     "Writes bench/results/eval.json, PNG plots and the summary in bench/README.md.")
     sp.add_argument("--quick", action="store_true", help="a small run of both parts (about two minutes)")
     sp.add_argument("--nodes", type=int, default=512, help="nodes of the quality run (default 512)")
     sp.add_argument("--hours", type=float, default=7.0, help="simulated hours of the quality run (default 7)")
-    sp.add_argument("--speed", type=float, default=50.0, help="simulated seconds per wall second (default 50)")
+    sp.add_argument("--speed", type=float, default=25.0, help="simulated seconds per wall second (default 25)")
     sp.add_argument("--seed", type=int, default=1)
     sp.add_argument("--inprocess", action="store_true", help="quality run without Kafka (the same code, one process)")
     sp.add_argument("--skip-quality", action="store_true", help="only the closed loop")
