@@ -85,7 +85,7 @@ def plots(ev: dict[str, Any], outdir: Path = RESULTS) -> list[Path]:
     if delays:
         fig, ax = plt.subplots(figsize=(9, 4.5))
         names = list(delays)
-        ax.boxplot([[max(x, 0.5) for x in delays[c]] for c in names], vert=False, whis=(5, 95))
+        ax.boxplot([[max(x, 0.5) for x in delays[c]] for c in names], orientation="horizontal", whis=(5, 95))
         ax.set_yticks(range(1, len(names) + 1), names)
         ax.set_xscale("log")
         ax.set_xlabel("detection delay from fault onset (simulated s, log scale)")
@@ -170,11 +170,13 @@ def summary(ev: dict[str, Any] | None, nab: dict[str, Any] | None) -> str:
             "",
         ]
     if ev and ev.get("policies"):
-        c = ev["closed_loop"]
+        sc = ev["closed_loop"].get("scenario") or {}
         lines += [
-            f"**Closed loop**: {c.get('nodes', 2048)} nodes over {c.get('days', 54)} simulated days, "
-            f"{c.get('faults')} faults from the field mix (`pipeline/eval/field.toml`), the same seeded sequence "
-            "for every policy.",
+            f"**Closed loop**: {sc.get('nodes')} nodes over {sc.get('days'):g} simulated days, {sc.get('faults')} "
+            f"faults ({sc.get('per_1000_node_days')} per 1,000 node-days, Llama 3's rate and cause mix, "
+            f"{sc.get('lemons')} lemon nodes; `pipeline/eval/field.toml`), the same seeded sequence for every "
+            f"policy; checkpoints every {sc.get('checkpoint_minutes'):g} min, restart {sc.get('restart_minutes'):g} "
+            f"min, a person acts after a lognormal delay (median {sc.get('human_median_hours'):g} h).",
             "",
             "| policy | ETTR | GPU-hours lost | healthy nodes isolated | failures that needed a human |",
             "| --- | ---: | ---: | ---: | ---: |",
@@ -187,7 +189,7 @@ def summary(ev: dict[str, Any] | None, nab: dict[str, Any] | None) -> str:
     if nab:
         lines += [
             f"**NAB** (`make eval-nab`): the scorer reproduces the published Numenta scores to within "
-            f"{_f(nab.get('scorer_check_abs_diff'), '.2f')} points (aggregate, standard profile). fleetmedic's "
+            f"{_f(nab.get('scorer_check_abs_diff'), '.1e')} points (aggregate, standard profile). fleetmedic's "
             f"univariate detector: standard **{_f(nab.get('standard'), '.1f')}**, reward low FP "
             f"{_f(nab.get('reward_low_FP_rate'), '.1f')}, reward low FN {_f(nab.get('reward_low_FN_rate'), '.1f')}.",
             "",
