@@ -40,6 +40,9 @@ HW_THERMAL, SW_THERMAL = 0x40, 0x20
 
 FAULT_KINDS = ("transient_crash", "nccl_timeout", "user_bug", "xid79", "ecc_dbe", "sbe_rise", "nvlink", "thermal",
                "xid_gsp", "xid_sram", "nic", "leaf")
+#: the demo's and make chaos's plan: one fault of each of these (the network faults need
+#: network.enforce and a fitted fabric model, see make eval / make eval-network)
+DEMO_KINDS = ("transient_crash", "nccl_timeout", "user_bug", "xid79", "ecc_dbe", "sbe_rise", "nvlink", "thermal")
 #: faults of a node's own hardware: the node must be isolated
 HARDWARE_KINDS = frozenset({"xid79", "ecc_dbe", "sbe_rise", "nvlink", "thermal", "xid_gsp", "xid_sram", "nic"})
 TRANSIENT_KINDS = frozenset({"transient_crash", "nccl_timeout"})
@@ -164,7 +167,7 @@ def demo_faults(cfg: SimConfig, rng: random.Random) -> list[Fault]:
     plan: list[Fault] = []
     if cfg.faults == "none":
         return plan
-    kinds = list(FAULT_KINDS) if cfg.faults == "demo" else [k.strip() for k in cfg.faults.split(",") if k.strip()]
+    kinds = list(DEMO_KINDS) if cfg.faults == "demo" else [k.strip() for k in cfg.faults.split(",") if k.strip()]
     for k in kinds:
         if k not in FAULT_KINDS:
             raise ValueError(f"faults: unknown fault kind {k!r}; known: {', '.join(FAULT_KINDS)}")
