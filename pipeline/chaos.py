@@ -41,12 +41,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from .config import load_settings, state_dir
-from .procs import ROOT, WorkerProcess, free_port
+from .procs import KAFKA_SH, WorkerProcess, free_port, kafka_script
 from .simrun import SimRunner
 from .simulator import SimConfig, score
 from .topics import ensure_topics
 
-KAFKA_SH = ROOT / "deploy" / "kafka.sh"
 
 
 class Fuzzer:
@@ -146,14 +145,6 @@ class Fuzzer:
         return orjson.dumps(rec)
 
 
-def _kafka(cmd: str, env: dict[str, str]) -> str:
-    res = subprocess.run(["bash", str(KAFKA_SH), cmd], env=env, capture_output=True, text=True, timeout=300,
-                         stdin=subprocess.DEVNULL)
-    if res.returncode != 0:
-        raise RuntimeError(f"deploy/kafka.sh {cmd} failed:\n{res.stderr[-2000:]}")
-    return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
-
-
 async def _send(producer: AIOKafkaProducer, batch: list[tuple[str, bytes | None, bytes]], end: float) -> None:
     """Send a tick's records, retrying the tick through a broker restart until the monotonic
     time ``end`` (a retried tick may deliver some records twice, as a real producer would)."""
@@ -188,10 +179,10 @@ def run(*, nodes: int = 32, duration: float = 400.0, speed: float = 3.0, kills: 
     was_running = subprocess.run(["bash", str(KAFKA_SH), "status"], env=env, capture_output=True,
                                  stdin=subprocess.DEVNULL, timeout=60).returncode == 0
     try:
-        return scenario(_kafka("start", env))
+        return scenario(kafka_script("start", env))
     finally:
         if not was_running:
-            _kafka("stop", env)
+            kafka_script("stop", env)
 
 
 def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, speed: float, kills: int,

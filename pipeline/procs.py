@@ -90,3 +90,16 @@ def wait_ready(workers: Sequence[WorkerProcess], timeout: float = 120) -> None:
             return
         time.sleep(0.3)
     raise RuntimeError(f"worker not ready within {timeout:.0f}s; logs: {', '.join(str(w.log) for w in workers)}")
+
+
+KAFKA_SH = ROOT / "deploy" / "kafka.sh"
+
+
+def kafka_script(cmd: str, env: dict[str, str]) -> str:
+    """Run ``deploy/kafka.sh cmd`` quietly; the last line of its output (the bootstrap after
+    ``start``), or RuntimeError with the end of its error output."""
+    res = subprocess.run(["bash", str(KAFKA_SH), cmd], env=env, capture_output=True, text=True, timeout=300,
+                         stdin=subprocess.DEVNULL)
+    if res.returncode != 0:
+        raise RuntimeError(f"deploy/kafka.sh {cmd} failed:\n{res.stderr[-2000:]}")
+    return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""

@@ -40,6 +40,17 @@ HW_THERMAL, SW_THERMAL = 0x40, 0x20
 
 FAULT_KINDS = ("transient_crash", "nccl_timeout", "user_bug", "xid79", "ecc_dbe", "sbe_rise", "nvlink", "thermal",
                "xid_gsp", "xid_sram", "nic", "leaf")
+#: faults that break a GPU at once: (Xid, GPU lost, DBE count, job failure reason, log tail)
+SUDDEN_GPU_FAULTS = {
+    "xid79": (79, True, 0, "CUDA error: unspecified launch failure",
+              "RuntimeError: CUDA error: unspecified launch failure\nGPU {gpu} has fallen off the bus"),
+    "xid_gsp": (119, True, 0, "CUDA error: unknown error",
+                "RuntimeError: CUDA error: unknown error\nNVRM: GPU {gpu}: Xid 119 GSP RPC timeout"),
+    "ecc_dbe": (48, False, 1, "CUDA error: uncorrectable ECC error encountered",
+                "RuntimeError: CUDA error: uncorrectable ECC error encountered"),
+    "xid_sram": (95, False, 0, "CUDA error: uncorrectable ECC error encountered",
+                 "RuntimeError: CUDA error: an uncorrectable ECC error was encountered (Xid 95)"),
+}
 #: the demo's and make chaos's plan: one fault of each of these (the network faults need
 #: network.enforce and a fitted fabric model, see make eval / make eval-network)
 DEMO_KINDS = ("transient_crash", "nccl_timeout", "user_bug", "xid79", "ecc_dbe", "sbe_rise", "nvlink", "thermal")
@@ -237,7 +248,7 @@ class Cluster:
     def free_nodes(self, exclude: set[str]) -> list[str]:
         return [n.name for n in self.nodes.values()
                 if n.job is None and not n.cordoned and not n.diag_wanted and n.diag_started is None
-                and n.name not in exclude and not (n.broken and n.fault and n.fault.kind in ("xid79", "xid_gsp"))]
+                and n.name not in exclude and not n.lost.any()]  # a node with a GPU off the bus runs nothing
 
     def new_job(self) -> Job:
         self.job_seq += 1
@@ -355,40 +366,21 @@ class Cluster:
             f.job = node.job
             node.fault = f
             g = f.gpu
-            if f.kind == "xid79":
-                node.broken = True
-                node.lost[g] = True
-                node.xids.append((g, 79))
-                self._fail_jobs_on(node, "CUDA error: unspecified launch failure",
-                                   f"RuntimeError: CUDA error: unspecified launch failure\nGPU {g} has fallen off the bus")
-            elif f.kind == "xid_gsp":
-                node.broken = True
-                node.lost[g] = True
-                node.xids.append((g, 119))
-                self._fail_jobs_on(node, "CUDA error: unknown error",
-                                   f"RuntimeError: CUDA error: unknown error\nNVRM: GPU {g}: Xid 119 GSP RPC timeout")
-            elif f.kind == "ecc_dbe":
-                node.broken = True
-                node.dbe[g] += 1
-                node.xids.append((g, 48))
-                self._fail_jobs_on(node, "CUDA error: uncorrectable ECC error encountered",
-                                   "RuntimeError: CUDA error: uncorrectable ECC error encountered")
-            elif f.kind == "xid_sram":
-                node.broken = True
-                node.xids.append((g, 95))
-                self._fail_jobs_on(node, "CUDA error: uncorrectable ECC error encountered",
-                                   "RuntimeError: CUDA error: an uncorrectable ECC error was encountered (Xid 95)")
-            elif f.kind == "nic":
-                node.broken = True  # the job fails once the errors break a collective (see tick)
+            node.broken = True
+            sudden = SUDDEN_GPU_FAULTS.get(f.kind)
+            if sudden is not None:
+                xid, lost, dbe, reason, log_tail = sudden
+                node.lost[g] |= lost
+                node.dbe[g] += dbe
+                node.xids.append((g, xid))
+                self._fail_jobs_on(node, reason, log_tail.format(gpu=g))
             elif f.kind == "sbe_rise":
-                node.broken = True
                 node.sbe_gpu = g
             elif f.kind == "nvlink":
-                node.broken = True
                 node.nvlink_gpu = g
             elif f.kind == "thermal":
-                node.broken = True
                 node.thermal_gpu = g
+            # nic: the job fails once the errors break a collective (see tick)
         f.applied_ts = self.ts()
         self.events.append({"t": self.now, "fault": f.kind, "node": f.node, "leaf": None, "gpu": f.gpu, "job": f.job})
         log.info("inject %-15s node=%s gpu=%s job=%s", f.kind, f.node, f.gpu if f.node else "-", f.job)

@@ -43,7 +43,7 @@ from typing import Any
 import orjson
 
 from ..config import load_settings, state_dir
-from ..procs import WorkerProcess, free_port
+from ..procs import WorkerProcess, free_port, kafka_script
 from ..simulator import KIND_CLASS, Cluster, Fault, SimConfig
 from . import metrics
 
@@ -173,7 +173,7 @@ def _run_inprocess(sc: Scenario, cluster: Cluster, say: Any) -> tuple[list[dict]
     from .inproc import InProcessLoop
 
     cluster.t0 = 1_800_000_000.0
-    s = load_settings(environ={k: v for k, v in _settings_env(sc).items()})
+    s = load_settings(environ=_settings_env(sc))
     loop = InProcessLoop(s, cluster)
     steps = int(sc.duration)
     for i in range(0, steps, 60):
@@ -186,20 +186,18 @@ def _run_inprocess(sc: Scenario, cluster: Cluster, say: Any) -> tuple[list[dict]
 
 
 def _run_kafka(sc: Scenario, cluster: Cluster, bootstrap: str | None, say: Any) -> tuple[list[dict], list[dict]]:
-    from ..chaos import _kafka
-
     state = state_dir("eval")
     env = {**os.environ, "FLEETMEDIC_STATE": str(state)}
     started = False
     if not bootstrap:
         say("quality: starting the embedded Kafka broker")
-        bootstrap = _kafka("start", env)
+        bootstrap = kafka_script("start", env)
         started = True
     try:
         return _scenario(sc, cluster, env, bootstrap, state, say)
     finally:
         if started:
-            _kafka("stop", env)
+            kafka_script("stop", env)
 
 
 def _scenario(sc: Scenario, cluster: Cluster, env: dict[str, str], bootstrap: str, state: Path,
