@@ -13,9 +13,15 @@ burst does not dwarf everything else:
 :class:`PortModel` fits one of PyOD's unsupervised detectors (HBOS, ECOD, COPOD,
 IForest) on rows from ports believed healthy, calibrates a threshold on held-out
 healthy rows (a high quantile of their scores, times a margin), and scores many rows
-per call: PyOD's ECOD and COPOD rebuild their reference on every ``decision_function``
-call, so a single row costs milliseconds while a batch costs microseconds per row.
-Evidence for a flagged row names the features furthest above the healthy baseline.
+per call.  PyOD's ECOD and COPOD rebuild their empirical CDFs over the whole training
+set on every ``decision_function`` call (a sort of every column: about 20 ms per call
+on 16,000 rows, whatever the batch size), so ECOD is scored through
+:class:`ReferenceECOD`: PyOD fits it, and new rows are ranked against the training
+columns sorted once at fit time (a binary search per value).  For one row at a time
+that is exactly PyOD's score; a batch is scored as if each row came alone, so the
+rows of one batch do not dilute each other's tails (a leaf switch fault flags many
+similar ports at once).  Evidence for a flagged row names the features furthest
+above the healthy baseline.
 
 Pure: numpy and PyOD only; no I/O.
 """
@@ -71,9 +77,7 @@ def make_model(name: str, *, seed: int = 0) -> Any:
 
         return HBOS(n_bins=20, alpha=0.1, tol=0.5)
     if name == "ecod":
-        from pyod.models.ecod import ECOD
-
-        return ECOD()
+        return ReferenceECOD()
     if name == "copod":
         from pyod.models.copod import COPOD
 
@@ -83,6 +87,58 @@ def make_model(name: str, *, seed: int = 0) -> Any:
 
         return IForest(n_estimators=100, random_state=seed)
     raise ValueError(f"unknown model {name!r}; one of {', '.join(MODELS)}")
+
+
+class ReferenceECOD:
+    """PyOD's ECOD (Li et al., 2022) with its reference frozen at fit time.
+
+    ``fit`` runs PyOD's ``ECOD.fit`` and keeps each training column sorted, and the
+    sign of its skewness; ``decision_function`` gives each row the ECOD score it would
+    get if it were scored alone against the training set: left and right tail
+    probabilities ``(#train <= x + 1) / (n + 1)`` and ``(#train >= x + 1) / (n + 1)``
+    by binary search, ``-log`` of each, the skew-corrected tail, the largest of the
+    three per feature, summed over the features.  O(m log n) per call instead of
+    PyOD's O((n + m) log(n + m)).
+    """
+
+    def __init__(self) -> None:
+        from pyod.models.ecod import ECOD
+
+        self.ecod = ECOD()
+        self.sorted: np.ndarray | None = None
+        self.skew_sign = np.zeros(0)
+
+    def fit(self, X: np.ndarray) -> ReferenceECOD:
+        from pyod.models.ecod import skew  # scipy's, with a constant column's NaN as 0
+
+        x = np.asarray(X, dtype=np.float64)
+        self.ecod.fit(x)
+        self.sorted = np.sort(x, axis=0)
+        self.skew_sign = np.sign(skew(x, axis=0))
+        return self
+
+    @property
+    def decision_scores_(self) -> np.ndarray:
+        return self.ecod.decision_scores_
+
+    def decision_function(self, X: np.ndarray) -> np.ndarray:
+        if self.sorted is None:
+            raise RuntimeError("ReferenceECOD is not fitted")
+        x = np.asarray(X, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.sorted.shape[1]:
+            raise ValueError(f"X must be (m, {self.sorted.shape[1]}), got {x.shape}")
+        n = len(self.sorted)
+        below = np.empty(x.shape)
+        above = np.empty(x.shape)
+        for j in range(x.shape[1]):  # a handful of features: one vectorised search each
+            col = self.sorted[:, j]
+            below[:, j] = np.searchsorted(col, x[:, j], side="right")
+            above[:, j] = n - np.searchsorted(col, x[:, j], side="left")
+        u_l = -np.log((below + 1.0) / (n + 1.0))
+        u_r = -np.log((above + 1.0) / (n + 1.0))
+        s = self.skew_sign
+        u_skew = u_l * -np.sign(s - 1) + u_r * np.sign(s + 1)
+        return np.maximum(u_skew, np.maximum(u_l, u_r)).sum(axis=1)
 
 
 @dataclass

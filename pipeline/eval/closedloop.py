@@ -265,6 +265,7 @@ class Slot:
     waiting_human: bool = False
     restarts: int = 0
     user_bug: int | None = None  # a deterministic error: the job fails again 20 s into every run
+    cause: str = "-"  # the field cause of the job's latest failure (for the loss breakdown)
 
 
 @dataclass
@@ -317,6 +318,8 @@ class Fleet:
         self.seq = 0
         self.now = 0.0
         self.lost_gpu_s = 0.0
+        self.lost_by_what: Counter[str] = Counter()
+        self.lost_by_cause: Counter[str] = Counter()
         self.held_gpu_s = 0.0
         self.repair_node_s = 0.0
         self._last = 0.0
@@ -353,11 +356,15 @@ class Fleet:
             self.repair_node_s += dt * sum(1 for n in self.nodes if n.out and (n.broken or n.lemon))
             self._last = t
 
-    def lose(self, slot: Slot, seconds: float, start: float) -> None:
-        """Charge ``seconds`` of ``slot``'s GPUs from ``start`` (clipped to the scenario)."""
+    def lose(self, slot: Slot, seconds: float, start: float, what: str) -> None:
+        """Charge ``seconds`` of ``slot``'s GPUs from ``start`` (clipped to the scenario);
+        ``what`` (since_checkpoint, down, restart) and the slot's cause break the loss down."""
         lo, hi = max(0.0, start), min(self.T, start + seconds)
         if hi > lo:
-            self.lost_gpu_s += (hi - lo) * slot.size * self.gpus
+            gpu_s = (hi - lo) * slot.size * self.gpus
+            self.lost_gpu_s += gpu_s
+            self.lost_by_what[what] += gpu_s
+            self.lost_by_cause[slot.cause] += gpu_s
 
     def run(self) -> None:
         while self.heap:
@@ -370,7 +377,7 @@ class Fleet:
         self._account(self.T)
         for s in self.slots:
             if not s.running and s.down_since is not None:
-                self.lose(s, self.T - s.down_since, s.down_since)
+                self.lose(s, self.T - s.down_since, s.down_since, "down")
 
     # ------------------------------------------------------------------ job mechanics
 
@@ -385,7 +392,7 @@ class Fleet:
         if t < s.run_start:
             pass  # failed while restarting: the restart was charged when it began
         elif not migrate:
-            self.lose(s, (t - s.run_start) % self.C, t - (t - s.run_start) % self.C)
+            self.lose(s, (t - s.run_start) % self.C, t - (t - s.run_start) % self.C, "since_checkpoint")
         s.running = False
         s.down_since = t
         s.epoch += 1
@@ -398,8 +405,8 @@ class Fleet:
         if s.running or s.waiting_nodes:
             return
         if s.down_since is not None:
-            self.lose(s, t - s.down_since, s.down_since)
-        self.lose(s, self.R, t)
+            self.lose(s, t - s.down_since, s.down_since, "down")
+        self.lose(s, self.R, t, "restart")
         s.running = True
         s.down_since = None
         s.waiting_human = False
@@ -543,8 +550,10 @@ class Fleet:
         s = self.slots[sid]
         if s.epoch != epoch or not s.running or node not in s.nodes:
             return
+        n = self.nodes[node]
+        s.cause = self.incidents[n.incident].cause if n.incident is not None else "-"
         if not at_ckpt:
-            self.lose(s, (self.now - s.run_start) % self.C, self.now - (self.now - s.run_start) % self.C)
+            self.lose(s, (self.now - s.run_start) % self.C, self.now - (self.now - s.run_start) % self.C, "since_checkpoint")
         self.fail_job(s, node, self.now, migrate=True)
         self.take_out(node, self.now, by_person=False)
         if self.fill(s):
@@ -642,6 +651,7 @@ class Fleet:
 
     def failure(self, inc: Incident, node: int, s: Slot, t: float, *, repeat: bool = False, lemon: bool = False) -> None:
         persistent = self.nodes[node].broken is not None or lemon
+        s.cause = "lemon" if lemon else inc.cause
         self.fail_job(s, node, t)
         self.by_cause[inc.cause]["failures"] += 1
         if inc.kind == "user_bug":
@@ -713,13 +723,13 @@ class Fleet:
             decide = float(o.get("stop_s") or decide)
             s.user_bug = None
             # a deterministic user error: stop retrying; the nodes go back to the queue's work
-            self.lose(s, decide, t)
+            self.lose(s, decide, t, "down")
             self.needed_human += 1
             self.by_cause[inc.cause]["needed_human"] += 1
             s.running = True  # the slot is backfilled by the next queued job
             s.down_since = None
             s.run_start = t + decide + self.R
-            self.lose(s, self.R, t + decide)
+            self.lose(s, self.R, t + decide, "restart")
             s.epoch += 1
             self.counts["stopped"] += 1
             return
@@ -760,6 +770,10 @@ class Fleet:
             "allocated_gpu_hours": round(allocated / HOUR, 1),
             "repair_node_hours": round(self.repair_node_s / HOUR, 1),
             "counts": dict(sorted(self.counts.items())),
+            # where the jobs' GPU-hours went: work since the last checkpoint, time down (a
+            # decision, a person, replacement nodes) and restarts; and by the failure's cause
+            "job_gpu_hours_lost_by": {k: round(v / HOUR, 1) for k, v in sorted(self.lost_by_what.items())},
+            "job_gpu_hours_lost_by_cause": {k: round(v / HOUR, 1) for k, v in self.lost_by_cause.most_common()},
         }
         if self.name == "fleetmedic":
             out["detection_delay_s"] = _stats(self.detect_s)

@@ -143,10 +143,11 @@ def run(*, nodes: int = 512, hours: float = 7.0, speed: float = 25.0, seed: int 
     say(f"quality: {sc.nodes} nodes x 8 GPUs, {len(cluster.faults)} faults over {sc.hours:g} simulated hours "
         f"({'in process' if inprocess else f'Kafka + a Faust worker at {sc.speed:g}x'})")
     started = time.perf_counter()
+    diag: dict[str, Any] = {}
     if inprocess:
         verdicts, actions = _run_inprocess(sc, cluster, say)
     else:
-        verdicts, actions = _run_kafka(sc, cluster, bootstrap, say)
+        verdicts, actions = _run_kafka(sc, cluster, bootstrap, say, diag)
     if records is not None:
         records.parent.mkdir(parents=True, exist_ok=True)
         faults = [{k: getattr(f, k) for k in ("kind", "at", "node", "leaf", "job", "gpu", "fail_at", "end_at")}
@@ -161,6 +162,7 @@ def run(*, nodes: int = 512, hours: float = 7.0, speed: float = 25.0, seed: int 
         "planned": kinds, "healthy_nodes_never_faulted": sc.nodes - len({f.node for f in cluster.faults if f.node}),
         "density_vs_field": round(result["faults"] / fault_window_days / FIELD_PER_NODE_DAY, 1),
         "verdicts": len(verdicts), "actions": len(actions), "seconds": round(time.perf_counter() - started, 1),
+        **diag,
     })
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -185,7 +187,8 @@ def _run_inprocess(sc: Scenario, cluster: Cluster, say: Any) -> tuple[list[dict]
     return loop.verdict_dicts(), loop.action_dicts()
 
 
-def _run_kafka(sc: Scenario, cluster: Cluster, bootstrap: str | None, say: Any) -> tuple[list[dict], list[dict]]:
+def _run_kafka(sc: Scenario, cluster: Cluster, bootstrap: str | None, say: Any,
+               diag: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     state = state_dir("eval")
     env = {**os.environ, "FLEETMEDIC_STATE": str(state)}
     started = False
@@ -194,14 +197,58 @@ def _run_kafka(sc: Scenario, cluster: Cluster, bootstrap: str | None, say: Any) 
         bootstrap = kafka_script("start", env)
         started = True
     try:
-        return _scenario(sc, cluster, env, bootstrap, state, say)
+        return _scenario(sc, cluster, env, bootstrap, state, say, diag)
     finally:
         if started:
             kafka_script("stop", env)
 
 
+class CpuSampler:
+    """Share of one core each process used while the scenario ran (Linux /proc; 0 elsewhere)."""
+
+    def __init__(self, pids: dict[str, int | None]) -> None:
+        self.pids = {k: v for k, v in pids.items() if v}
+        self.first: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+        self.t0 = self.t1 = time.monotonic()
+
+    @staticmethod
+    def _cpu_s(pid: int) -> float | None:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        for name, pid in self.pids.items():
+            c = self._cpu_s(pid)
+            if c is None:
+                continue
+            self.first.setdefault(name, c)
+            self.last[name] = c
+        if len(self.first) == 1 and not self.last:
+            self.t0 = now
+        self.t1 = now
+
+    def shares(self) -> dict[str, float]:
+        span = max(self.t1 - self.t0, 1e-9)
+        return {k: round((self.last[k] - self.first[k]) / span, 2) for k in self.last}
+
+
+def _broker_pid(state: Path) -> int | None:
+    """The embedded broker's pid, from its pid file if the kafka script wrote one."""
+    for f in (state / "kafka" / "kafka.pid",):
+        try:
+            return int(f.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
 def _scenario(sc: Scenario, cluster: Cluster, env: dict[str, str], bootstrap: str, state: Path,
-              say: Any) -> tuple[list[dict], list[dict]]:
+              say: Any, diag: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
     from ..simrun import SimRunner
@@ -236,6 +283,9 @@ def _scenario(sc: Scenario, cluster: Cluster, env: dict[str, str], bootstrap: st
         time.sleep(0.3)
     verdicts: list[dict[str, Any]] = []
     actions: list[dict[str, Any]] = []
+    received: list[float] = []  # wall time each verdict reached the follower
+    cpu = CpuSampler({"worker": worker.proc.pid, "eval (simulator + producer)": os.getpid(),
+                      "kafka broker": _broker_pid(state)})
 
     async def main() -> None:
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_request_size=2 * 1024 * 1024)
@@ -248,9 +298,12 @@ def _scenario(sc: Scenario, cluster: Cluster, env: dict[str, str], bootstrap: st
         async def follow() -> None:
             while not stop.is_set():
                 batch = await follower.getmany(timeout_ms=300)
+                now = time.time()
                 for tp, msgs in batch.items():
                     into = verdicts if tp.topic == s.topic("verdicts") else actions
                     into.extend(orjson.loads(m.value) for m in msgs)
+                    if into is verdicts:
+                        received.extend([now] * len(msgs))
 
         task = asyncio.create_task(follow())
         try:
@@ -271,6 +324,8 @@ def _scenario(sc: Scenario, cluster: Cluster, env: dict[str, str], bootstrap: st
                     pending.clear()
                 delay = start + (i + 1) / sc.speed - time.monotonic()
                 behind = max(0.0, -delay)
+                if i % int(max(1, sc.speed)) == 0:
+                    cpu.sample()
                 if delay > 0:
                     await asyncio.sleep(delay)
             await asyncio.gather(*pending)
@@ -291,9 +346,20 @@ def _scenario(sc: Scenario, cluster: Cluster, env: dict[str, str], bootstrap: st
 
     try:
         asyncio.run(main())
+        try:
+            wstats = worker.stats()
+        except Exception as exc:  # reported, not fatal: the verdicts are what is scored
+            wstats = {"error": repr(exc)}
     finally:
         worker.stop()
         side.call_soon_threadsafe(side.stop)
+    # how far behind the event stream the verdicts came out, in wall seconds
+    lags = [r - (cluster.t0 + (v["ts"] - cluster.t0) / sc.speed) for v, r in zip(verdicts, received)]
+    diag["verdict_lag_wall_s"] = {"p50": metrics._pct(lags, 50), "p95": metrics._pct(lags, 95),
+                                  "max": max(lags) if lags else None}
+    diag["cpu_share"] = cpu.shares()
+    diag["worker"] = {k: wstats.get(k) for k in ("telemetry", "anomalies", "verdicts", "actions", "deadletters",
+                                                  "late_samples", "timing", "error") if k in wstats}
     return verdicts, actions
 
 
@@ -316,6 +382,11 @@ def table(r: dict[str, Any]) -> str:
     lines.append(f"degrading nodes isolated before failure {f(r['degrading_isolated_before_failure'])} "
                  f"(median lead {f(r['median_lead_s'], '.0f')} s); fault density {r.get('density_vs_field')}x field "
                  f"rate; {r.get('seconds')} s")
+    if r.get("verdict_lag_wall_s"):
+        lag = r["verdict_lag_wall_s"]
+        cpu = ", ".join(f"{k} {v:.2f}" for k, v in (r.get("cpu_share") or {}).items())
+        lines.append(f"verdicts behind the event stream (wall s): p50 {f(lag['p50'], '.1f')}, p95 {f(lag['p95'], '.1f')}, "
+                     f"max {f(lag['max'], '.1f')}; CPU (cores): {cpu or '-'}")
     if r["missed"]:
         lines.append(f"missed: {', '.join(r['missed'][:20])}")
     if r["wrong_class"]:

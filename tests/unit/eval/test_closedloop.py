@@ -107,3 +107,15 @@ def test_main_help(capsys):
         closedloop.main(["--help"])
     assert e.value.code == 0
     assert "--quick" in capsys.readouterr().out
+
+
+def test_loss_breakdown_adds_up(quick):
+    for name, p in quick["policies"].items():
+        by, cause = p["job_gpu_hours_lost_by"], p["job_gpu_hours_lost_by_cause"]
+        assert set(by) <= {"since_checkpoint", "down", "restart"}, name
+        assert sum(by.values()) == pytest.approx(p["job_gpu_hours_lost"], abs=1.0), name
+        assert sum(cause.values()) == pytest.approx(p["job_gpu_hours_lost"], abs=1.0), name
+        assert "-" not in cause, name  # every loss follows a failure with a known cause
+    # a person's delay is what manual handling adds: its time down dwarfs fleetmedic's
+    assert quick["policies"]["manual"]["job_gpu_hours_lost_by"]["down"] > \
+        quick["policies"]["fleetmedic"]["job_gpu_hours_lost_by"].get("down", 0.0)
