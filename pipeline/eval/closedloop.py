@@ -846,6 +846,13 @@ def run(*, quick: bool = False, seed: int = 1, out: Path | None = None, say: Cal
         "fleetmedic_over_manual": round(fm["gpu_hours_lost"] / max(policies["manual"]["gpu_hours_lost"], 1e-9), 4),
         "fleetmedic_over_retry_only": round(fm["gpu_hours_lost"] / max(policies["retry_only"]["gpu_hours_lost"], 1e-9), 4),
     }
+    # What manual handling would lose if its person acted the moment a job failed: the work
+    # since the last checkpoint and the restart of every failure.  A policy that only reacts
+    # to failures cannot lose less; only isolating a node before it fails goes below it.
+    mb = policies["manual"]["job_gpu_hours_lost_by"]
+    floor = round(mb.get("since_checkpoint", 0.0) + mb.get("restart", 0.0), 1)
+    ratios["instant_person_gpu_hours"] = floor
+    ratios["instant_person_over_manual"] = round(floor / max(policies["manual"]["gpu_hours_lost"], 1e-9), 4)
     by_cause: dict[str, Any] = {}
     for inc in incidents:
         b = by_cause.setdefault(inc.cause, {"faults": 0, "kinds": Counter(), "fleetmedic": Counter()})
@@ -921,7 +928,11 @@ def table(r: dict[str, Any]) -> str:
                      f"{p['needed_human']:16d}")
     fm = r["policies"]["fleetmedic"]
     lines.append(f"fleetmedic / naive cordon GPU-h: {r['ratios']['fleetmedic_over_naive_cordon']:.3f}   "
-                 f"fleetmedic / manual: {r['ratios']['fleetmedic_over_manual']:.3f}")
+                 f"fleetmedic / manual: {r['ratios']['fleetmedic_over_manual']:.3f}   "
+                 f"(a person acting at once would lose {r['ratios']['instant_person_over_manual']:.3f} of manual)")
+    by = fm["job_gpu_hours_lost_by"]
+    lines.append("fleetmedic's loss: " + ", ".join(f"{k} {v:,.0f}" for k, v in by.items()) + " GPU-h; by cause: "
+                 + ", ".join(f"{k} {v:,.0f}" for k, v in list(fm["job_gpu_hours_lost_by_cause"].items())[:5]))
     lines.append(f"fleetmedic detection delay (s): {fm['detection_delay_s']}   degrading lead (s): {fm['degrading_lead_s']}")
     lines.append(f"{r['scenario']['faults']} faults, {r['seconds']} s ({r['micro_seconds']} s in micro-simulations)")
     return "\n".join(lines)

@@ -119,3 +119,10 @@ def test_loss_breakdown_adds_up(quick):
     # a person's delay is what manual handling adds: its time down dwarfs fleetmedic's
     assert quick["policies"]["manual"]["job_gpu_hours_lost_by"]["down"] > \
         quick["policies"]["fleetmedic"]["job_gpu_hours_lost_by"].get("down", 0.0)
+
+
+def test_instant_person_floor_is_below_manual(quick):
+    r = quick["ratios"]
+    manual = quick["policies"]["manual"]
+    assert 0 < r["instant_person_gpu_hours"] < manual["gpu_hours_lost"]
+    assert r["instant_person_over_manual"] == pytest.approx(r["instant_person_gpu_hours"] / manual["gpu_hours_lost"], abs=1e-3)
