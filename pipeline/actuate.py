@@ -32,6 +32,7 @@ from actuators import (
     RetryPolicy,
     call_with_retry,
 )
+from actuators.dryrun import DryRun, DryRunBackend
 from schemas import JOB_ACTIONS, ActionName, ActionRecord, Outcome, Verdict
 
 log = logging.getLogger(__name__)
@@ -92,9 +93,14 @@ class Actuation:
     sleep: Callable | None = None
     clock: Callable[[], float] = time.time
     router: Callable[[ActionRequest], Backend] | None = None
+    #: switched at run time (the operator API): every backend answers dry_run while it is true
+    dry_run: Callable[[], bool] | None = None
 
     def backend_for(self, req: ActionRequest) -> Backend:
-        return self.router(req) if self.router is not None else self.backend
+        b = self.router(req) if self.router is not None else self.backend
+        if self.dry_run is not None and self.dry_run() and not isinstance(b, (DryRun, DryRunBackend)):
+            return DryRun(b)
+        return b
 
     async def carry_out(self, verdict: Verdict) -> list[ActionRecord]:
         records: list[ActionRecord] = []
@@ -121,7 +127,8 @@ class Actuation:
                 records.append(rec)
                 self.ledger[req.key] = rec.outcome.value
                 continue
-            if planned.action is ActionName.isolate:
+            if planned.action is ActionName.isolate and not planned.params.get("operator"):
+                # the breaker limits automation; a person's explicit hold or approval is not counted
                 decision = self.breaker.check(planned.target, self.fleet_size(), verdict.ts)
                 if not decision.allowed:
                     held_targets.add(planned.target)

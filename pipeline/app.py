@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections import deque
+import json
 import logging
 import time
 from pathlib import Path
@@ -29,11 +31,12 @@ from typing import Any
 
 import faust
 import faust.web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from actuators import CircuitBreaker, RetryPolicy
-from actuators.dryrun import DryRun, DryRunBackend
+from actuators.dryrun import DryRunBackend
 from schemas import (
+    ActionRecord,
     Anomaly,
     DecodeError,
     GpuSample,
@@ -52,7 +55,7 @@ from . import faust_fixes  # noqa: F401  (patches two record-loss races in Faust
 from . import policy
 from .actuate import Actuation, BackendRouter
 from .config import Settings, state_dir
-from .detect import GpuDetection, NetworkDetection, PeerDetection
+from .detect import GpuDetection, NetworkDetection, PartitionWatermark, PeerDetection
 from .topics import topic_specs
 
 log = logging.getLogger("fleetmedic")
@@ -80,12 +83,10 @@ def _backend(name: str, s: Settings):
 
 
 def build_router(s: Settings) -> "BackendRouter":
-    """Backends by name, built once, each wrapped in dry-run when ``safety.dry_run``."""
+    """Backends by name, built once.  Dry-run (``safety.dry_run`` at start, then the operator
+    API's switch) wraps them per action in :meth:`Actuation.backend_for`."""
     names = {s.actuators.backend, *(p.backend for p in s.actuators.pools)}
-    backends = {}
-    for n in names:
-        b = _backend(n, s)
-        backends[n] = DryRun(b) if s.safety.dry_run and n != "dryrun" else b
+    backends = {n: _backend(n, s) for n in names}
     pools = [(p.nodes, p.backend) for p in s.actuators.pools]
     return BackendRouter(backends, default=s.actuators.backend, pools=pools)
 
@@ -98,6 +99,34 @@ def build_notifier(s: Settings):
     return WebhookNotifier(s.actuators.webhook_url, secret=s.actuators.webhook_secret)
 
 
+def build_auth(s: Settings) -> Any:
+    from .auth import NoAuth, OidcAuth
+
+    a = s.auth
+    if not a.enabled:
+        return NoAuth()
+    return OidcAuth(issuer=a.issuer, audience=a.audience, jwks_url=a.jwks_url, roles_claim=a.roles_claim,
+                    viewer_role=a.viewer_role, operator_role=a.operator_role, leeway_s=a.leeway_s)
+
+
+def build_alerts(s: Settings, on_outcome: Any) -> Any:
+    """The alert dispatcher of ``s.alerts`` (None without webhooks)."""
+    if not s.alerts.webhooks:
+        return None
+    from actuators.alerts import AlertDispatcher, Receiver
+    from actuators.retry import RetryPolicy
+
+    a = s.alerts
+    skip = set(a.exclude_classes)
+    return AlertDispatcher(
+        [Receiver(w.name, w.url, format=w.format, secret=w.secret, timeout_s=w.timeout_s) for w in a.webhooks],
+        on_outcome=on_outcome, retry=RetryPolicy(max_attempts=a.max_attempts, base_delay=a.base_delay_s,
+                                                 max_delay=a.max_delay_s),
+        source=s.kafka.app_id, external_url=a.external_url, queue_size=a.queue_size,
+        want=lambda v: v.fault_class.value not in skip,
+    )
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -106,6 +135,15 @@ class Metrics:
         self.verdicts = Counter("fleetmedic_verdicts_total", "verdicts emitted", ["scope", "fault_class"], registry=self.registry)
         self.actions = Counter("fleetmedic_actions_total", "actions recorded", ["action", "outcome"], registry=self.registry)
         self.breaker_used = Gauge("fleetmedic_breaker_isolations", "isolations counted in the breaker window", registry=self.registry)
+        self.breaker_budget = Gauge("fleetmedic_breaker_budget", "isolations the breaker allows per window now",
+                                    registry=self.registry)
+        self.detect_seconds = Histogram(
+            "fleetmedic_detect_seconds", "time to decode and run the detectors on one batch", ["detector"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=self.registry)
+        self.batch_size = Histogram("fleetmedic_detect_batch_records", "records per detection batch", ["detector"],
+                                    buckets=(1, 10, 50, 100, 500, 1000, 5000, 20000), registry=self.registry)
+        self.lag = Gauge("fleetmedic_event_lag_seconds",
+                         "wall time minus the event time of the newest record processed", ["topic"], registry=self.registry)
 
 
 def data_dir(s: Settings) -> Path:
@@ -255,10 +293,12 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         """Decode a batch of records (``topic``, ``partition``, ``offset``, ``key``, ``value``
         attributes), detect over it at once, send anomalies; then ``after(samples)``."""
         samples = []
+        parts: list[int] = []  # the partition of each decoded sample
         t0 = time.perf_counter()
         for m in msgs:
             try:
                 samples.append(decode(model, m.value))
+                parts.append(m.partition)
             except DecodeError as exc:
                 await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, exc.reason)
         if samples:
@@ -268,7 +308,12 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         timing["decode_s"] += t1 - t0
         try:
             anomalies = detection.process(samples)
-            timing["detect_s"] += time.perf_counter() - t1
+            t2 = time.perf_counter()
+            timing["detect_s"] += t2 - t1
+            metrics.detect_seconds.labels(what).observe(t2 - t0)
+            metrics.batch_size.labels(what).observe(len(msgs))
+            if samples:
+                metrics.lag.labels(msgs[0].topic).set(time.time() - max(x.ts for x in samples))
         except Exception as exc:  # a detector bug must not stop the stream
             log.exception("%s detection failed on a batch of %d samples", what, len(samples))
             for m in msgs:
@@ -276,17 +321,22 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             return
         await emit_anomalies(anomalies)
         if after is not None and samples:
-            after(samples)
+            after(samples, parts)
         now = time.time()
         if not stats["first_telemetry_at"]:
             stats["first_telemetry_at"] = now
         stats["last_telemetry_at"] = now
 
-    def after_network(samples: list[NetworkSample]) -> None:
-        newest = max(x.ts for x in samples)
-        # event-time watermark of the fabric: the switch track's holds run on it
-        state["net_watermark"] = max(state.get("net_watermark", 0.0), newest)
-        refit_network(newest)
+    net_watermark = PartitionWatermark()
+
+    def after_network(samples: list[NetworkSample], parts: list[int]) -> None:
+        # event-time watermark of the fabric, the time every partition has reached: the
+        # switch track's holds run on it, so a lone node's hold does not run out while the
+        # anomalies of its neighbours are still queued in another partition
+        for x, part in zip(samples, parts):
+            net_watermark.update(part, x.ts)
+        state["net_watermark"] = net_watermark.value
+        refit_network(max(x.ts for x in samples))
 
     def refit_network(now: float) -> None:
         """Fit the fabric model in a worker thread when due; the stream never waits for it."""
@@ -310,7 +360,17 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
         state["refit_task"] = asyncio.ensure_future(fit())
 
-    telemetry = {specs["telemetry.gpu"].name: (GpuSample, gpu_detection, "GPU", None),
+    def after_gpu(samples: list[GpuSample], parts: list[int]) -> None:
+        # nodes that report telemetry are on the fleet view from their first sample
+        if gpu_detection.nodes != state.get("gpu_nodes"):
+            state["gpu_nodes"] = gpu_detection.nodes
+            for x in samples:
+                if x.node not in api_ctx.known:
+                    api_ctx.known.add(x.node)
+                    h = node_to_health.get(x.node) or {}
+                    api_ctx.saw_node(x.node, h.get("state") or policy.HEALTHY, h)
+
+    telemetry = {specs["telemetry.gpu"].name: (GpuSample, gpu_detection, "GPU", after_gpu),
                  specs["telemetry.network"].name: (NetworkSample, net_detection, "network", after_network)}
 
     if s.worker.telemetry_consumer == "faust":
@@ -434,12 +494,17 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             rec = await decode_event(event, model)
             if rec is None:
                 continue
+            key = (rec.node or rec.subject) if isinstance(rec, Anomaly) else rec.node
+            before = (node_to_health.get(key) or {}).get("state")
             if isinstance(rec, Anomaly):
-                d = await decide(event, node_to_health, rec.node or rec.subject, policy.new_node_health,
+                d = await decide(event, node_to_health, key, policy.new_node_health,
                                  lambda h: policy.node_on_anomaly(h, rec, s.policy))
             else:
-                d = await decide(event, node_to_health, rec.node, policy.new_node_health,
+                d = await decide(event, node_to_health, key, policy.new_node_health,
                                  lambda h: policy.node_on_notice(h, rec, s.policy, s.network))
+            after = node_to_health.get(key) or {}
+            if after.get("state") != before:
+                api_ctx.saw_node(key, after.get("state"), after)
             if d is not None:
                 await emit_decision(d)
 
@@ -454,7 +519,10 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             now = time.time()
             if isinstance(rec, JobEvent) and rec.event.value == "progress":
                 try:
+                    t0 = time.perf_counter()
                     found = peer_detection.process(rec)
+                    metrics.detect_seconds.labels("peer").observe(time.perf_counter() - t0)
+                    metrics.lag.labels(job_topic).set(time.time() - rec.ts)
                 except Exception as exc:  # a detector bug must not stop the job track
                     log.exception("peer detection failed for %s", rec.job)
                     await send_dead(event, f"detector error: {exc!r}")
@@ -480,10 +548,13 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             rec = await decode_event(event, SwitchNotice)
             if rec is None:
                 continue
+            was = bool((switch_to_state.get(rec.switch) or {}).get("incident"))
             d = await decide(event, switch_to_state, rec.switch, lambda: policy.new_switch_state(rec.switch),
                              lambda st: policy.switch_on_notice(st, rec, s.network))
             if d is None:
                 continue
+            if bool((switch_to_state.get(rec.switch) or {}).get("incident")) != was:
+                api_ctx.saw_switch(rec.switch, not was)
             due = policy.switch_due(switch_to_state[rec.switch])
             if due is not None:
                 switch_ticks[rec.switch] = due
@@ -494,7 +565,8 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     @app.timer(interval=1.0)
     async def send_switch_ticks() -> None:
         """Wake the switch track when a lone node's hold runs out, in the fabric's event time
-        (the newest network sample seen), so a replayed backlog is judged as it happened."""
+        (the time the network samples of every partition have reached, as it was
+        ``network.tick_lag_s`` ago), so a replayed backlog is judged as it happened."""
         if not state["switch_ticks_scanned"]:
             # after a restart, pick up lone nodes whose hold was running when the worker stopped
             state["switch_ticks_scanned"] = True
@@ -502,7 +574,18 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                 due = policy.switch_due(st or {})
                 if due is not None:
                     switch_ticks[sw] = due
-        now = state.get("net_watermark", 0.0)
+        # the watermark of a moment ago: the anomalies of events up to it have had time to
+        # pass through the node track onto the switch notices before the tick follows them
+        marks = state.setdefault("net_marks", deque())
+        wall = time.monotonic()
+        marks.append((wall, state.get("net_watermark", 0.0)))
+        now = 0.0
+        while marks and marks[0][0] <= wall - s.network.tick_lag_s:
+            now = marks.popleft()[1]
+        if now:
+            marks.appendleft((wall - s.network.tick_lag_s, now))
+        else:
+            return
         for sw in [w for w, t in switch_ticks.items() if t <= now]:
             switch_ticks.pop(sw, None)
             tick = SwitchNotice(ts=now, switch=sw, node="-", kind="tick")
@@ -539,8 +622,35 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                 retry=RetryPolicy(max_attempts=a.max_attempts, base_delay=a.base_delay_s, max_delay=a.max_delay_s),
                 notifier=build_notifier(s),
                 ledger=_TableLedger(action_to_outcome),
+                dry_run=lambda: runtime["dry_run"],
             )
         return state["actuation"]
+
+    async def record_action(r: ActionRecord) -> None:
+        api_ctx.saw_action(json.loads(r.to_json()))
+        stats["actions"] += 1
+        metrics.actions.labels(r.action.value, r.outcome.value).inc()
+        log.info("action %s %s: %s (%s) %s", r.action.value, r.target, r.outcome.value, r.backend, r.detail)
+        await t_actions.send(key=r.target.encode(), value=r.to_json())
+
+    # ------------------------------------------------------------------ operator API
+
+    from . import api as api_mod
+
+    runtime = {"dry_run": s.safety.dry_run}
+    api_ctx = api_mod.ApiContext(
+        auth=build_auth(s), node_table=node_to_health, job_table=job_to_history, switch_table=switch_to_state,
+        send_verdict=lambda v: t_verdicts.send(key=v.subject.encode(), value=v.to_json()),
+        send_node_notice=lambda n: t_node_in.send(key=n.node.encode(), value=n.to_json()),
+        dry_run=lambda: runtime["dry_run"], set_dry_run=lambda on: runtime.update(dry_run=on),
+    )
+    api_mod.install(app, api_ctx)
+    app.fleetmedic_api = api_ctx  # type: ignore[attr-defined]
+
+    # verdicts to the alert webhooks, delivered in the background: a receiver that is down
+    # delays no action; each delivery's outcome is an actions record
+    alerts = build_alerts(s, record_action)
+    app.fleetmedic_alerts = alerts  # type: ignore[attr-defined]
 
     @app.agent(t_verdicts, name="actuate")
     async def actuate(stream: faust.StreamT) -> None:
@@ -548,6 +658,9 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             rec = await decode_event(event, Verdict)
             if rec is None:
                 continue
+            api_ctx.saw_verdict(json.loads(rec.to_json()))
+            if alerts is not None:
+                alerts.submit(rec)
             saved = breaker_state.get("isolations")
             if saved and not breaker.snapshot():
                 breaker.restore(saved)
@@ -559,11 +672,9 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                 continue
             breaker_state["isolations"] = breaker.snapshot()
             metrics.breaker_used.set(len(breaker.snapshot()))
+            metrics.breaker_budget.set(breaker.budget(fleet_size()))
             for r in records:
-                stats["actions"] += 1
-                metrics.actions.labels(r.action.value, r.outcome.value).inc()
-                log.info("action %s %s: %s (%s) %s", r.action.value, r.target, r.outcome.value, r.backend, r.detail)
-                await t_actions.send(key=r.target.encode(), value=r.to_json())
+                await record_action(r)
 
     # ------------------------------------------------------------------ web views
 

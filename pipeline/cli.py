@@ -138,6 +138,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     asyncio.run(ensure_topics(s))
     print(f"fleetmedic demo: Kafka at {bootstrap}; worker log in {worker_log}", file=sys.stderr)
     print(f"fleetmedic demo: read verdicts with: kcat -b {bootstrap} -t {s.topic('verdicts')} -C -e", file=sys.stderr)
+    web = f"http://127.0.0.1:{overrides['FLEETMEDIC_WORKER__WEB_PORT']}"
+    print(f"fleetmedic demo: dashboard at {web}/dashboard (operator API {web}/api/v1, metrics {web}/metrics)",
+          file=sys.stderr)
     worker = WorkerProcess(wenv, worker_log, argv=["--config", args.config] if args.config else [])
     try:
         from .simrun import SimRunner

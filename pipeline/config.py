@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 def state_dir(default: str) -> Path:
@@ -124,6 +124,9 @@ class NetworkSettings(_Section):
     switch_min_nodes: int = Field(3, ge=2, description="nodes with port anomalies under one switch that blame the switch")
     hold_s: float = Field(60.0, ge=0, description="how long a lone node's port anomaly waits for others under its switch")
     window_s: float = Field(600.0, gt=0, description="how long a port anomaly counts towards its switch")
+    tick_lag_s: float = Field(
+        2.0, ge=0, le=60, description="wall seconds a lone node's hold waits after the fabric's watermark passed it "
+                                      "(the neighbours' anomalies are still on their way through the node track)")
 
 
 class SafetySettings(_Section):
@@ -173,6 +176,68 @@ class ActuatorSettings(_Section):
     max_delay_s: float = Field(10.0, ge=0)
 
 
+class WebhookSettings(_Section):
+    """One alert receiver (``[[alerts.webhooks]]``)."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="names the receiver on action records")
+    url: str = Field(pattern=r"^https?://", description="where verdicts are POSTed")
+    format: Literal["alertmanager", "cloudevents"] = Field(
+        "alertmanager", description="alertmanager: Alertmanager's webhook JSON; cloudevents: CloudEvents 1.0 JSON")
+    secret: str | None = Field(None, description="HMAC-SHA256 key of the X-Fleetmedic-Signature header")
+    timeout_s: float = Field(10.0, gt=0, le=300)
+
+
+class AlertSettings(_Section):
+    """Alert webhooks: every verdict (except the excluded classes) to every receiver, once."""
+
+    webhooks: list[WebhookSettings] = Field(default_factory=list)
+    exclude_classes: list[str] = Field(
+        ["transient_software"], description="fault classes that do not alert (a retried crash is not news)")
+    external_url: str = Field("", description="this worker's URL as receivers reach it (links in alerts)")
+    max_attempts: int = Field(8, ge=1, le=100, description="deliveries tried per verdict and receiver")
+    base_delay_s: float = Field(0.5, ge=0)
+    max_delay_s: float = Field(60.0, ge=0)
+    queue_size: int = Field(10000, ge=1, description="verdicts waiting per receiver before new ones are refused (and reported)")
+
+    @field_validator("exclude_classes")
+    @classmethod
+    def _known_classes(cls, v: list[str]) -> list[str]:
+        from schemas import FaultClass
+
+        known = {c.value for c in FaultClass}
+        bad = [x for x in v if x not in known]
+        if bad:
+            raise ValueError(f"unknown fault classes {bad}; known: {', '.join(sorted(known))}")
+        return v
+
+    @field_validator("webhooks")
+    @classmethod
+    def _unique_names(cls, v: list[WebhookSettings]) -> list[WebhookSettings]:
+        names = [w.name for w in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"webhook names must be unique, got {names}")
+        return v
+
+
+class AuthSettings(_Section):
+    """Sign-in for the operator API and the dashboard: OIDC bearer tokens (e.g. Keycloak)."""
+
+    enabled: bool = Field(False, description="off: anyone who reaches the web port can read and act (the page says so)")
+    issuer: str = Field("", description="the token issuer, e.g. https://keycloak.example/realms/gpu")
+    audience: str = Field("", description="the audience tokens must name (Keycloak: an audience mapper on the client)")
+    jwks_url: str | None = Field(None, description="signing keys (default: Keycloak's <issuer>/protocol/openid-connect/certs)")
+    roles_claim: str = Field("realm_access.roles", description="dotted path of the roles list in the token")
+    viewer_role: str = Field("viewer", min_length=1, description="role that may read")
+    operator_role: str = Field("operator", min_length=1, description="role that may read and change")
+    leeway_s: float = Field(30.0, ge=0, le=600, description="clock skew allowed on exp/nbf/iat")
+
+    @model_validator(mode="after")
+    def _needs_issuer(self) -> AuthSettings:
+        if self.enabled and not (self.issuer and self.audience):
+            raise ValueError("auth.enabled needs auth.issuer and auth.audience")
+        return self
+
+
 class CollectSettings(_Section):
     """The node agent (``fleetmedic collect``)."""
 
@@ -197,6 +262,8 @@ class Settings(_Section):
     actuators: ActuatorSettings = Field(default_factory=ActuatorSettings)
     collect: CollectSettings = Field(default_factory=CollectSettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
+    alerts: AlertSettings = Field(default_factory=AlertSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
 
     def topic(self, name: str) -> str:
         return f"{self.kafka.topic_prefix}{name}"

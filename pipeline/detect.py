@@ -835,3 +835,32 @@ class PeerDetection:
             del self.rows[(job, node)]
         self.step_uv.reset_rows(np.asarray(freed, dtype=np.int64))
         self.free.extend(freed)
+
+
+class PartitionWatermark:
+    """Event time that every partition of a topic has reached.
+
+    The newest event time seen in each partition, and their minimum: one partition's
+    records can be processed seconds of wall time after another's (batches interleave
+    partitions), so the newest time seen anywhere would run ahead of events still queued
+    elsewhere.  A partition more than ``idle_s`` of event time behind the newest is left
+    out (its nodes went away: it must not stop the clock).  Never moves backwards.
+    """
+
+    def __init__(self, idle_s: float = 300.0) -> None:
+        if idle_s <= 0:
+            raise ValueError(f"idle_s must be > 0, got {idle_s}")
+        self.idle_s = idle_s
+        self.newest: dict[int, float] = {}
+        self._value = 0.0
+
+    def update(self, partition: int, ts: float) -> None:
+        if ts > self.newest.get(partition, float("-inf")):
+            self.newest[partition] = ts
+
+    @property
+    def value(self) -> float:
+        if self.newest:
+            top = max(self.newest.values())
+            self._value = max(self._value, min(v for v in self.newest.values() if v >= top - self.idle_s))
+        return self._value

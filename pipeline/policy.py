@@ -132,7 +132,7 @@ def _verdict(
 
 
 def _anomaly_brief(a: Anomaly) -> list[Any]:
-    return [a.ts, a.kind, a.fault_class.value, a.severity.value, a.id, a.gpu]
+    return [a.ts, a.kind, a.fault_class.value, a.severity.value, a.id, a.gpu, round(float(a.score), 4)]
 
 
 def _isolate_node(
@@ -271,6 +271,16 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
                         "blame": round(sum(blame.values()), 3)}
             h["job"] = h.get("job") or n.job  # tell the failed job if nothing newer runs here
             return _isolate_node(h, node, n.ts, FaultClass.unknown, evidence, confidence=0.6, incident=incident, hard=True)
+        return Decision()
+    if n.kind == "operator_return":
+        # a person returned the node to service: its history starts again
+        h.update(state=HEALTHY, since=n.ts, incident=None, fault_class=None, anomalies=[], failed_jobs=[],
+                 operator={"return": n.reason, "ts": n.ts})
+        return Decision()
+    if n.kind == "operator_hold":
+        # a person holds the node out (or approved a held isolation): out of the pool until returned
+        h.update(state=ISOLATED, since=n.ts, incident=n.signature, fault_class=FaultClass.unknown.value,
+                 operator={"hold": n.reason, "ts": n.ts})
         return Decision()
     if n.kind == "diag_started":
         if h["state"] == ISOLATED:

@@ -193,3 +193,14 @@ def collect(bootstrap: str, topic: str, until: Callable[[list[dict[str, Any]]], 
         return out
 
     return asyncio.run(run())
+
+
+def lose_gpus(bootstrap: str, worker: Worker, nodes: list[str], now: float | None = None) -> None:
+    """Node i loses GPU i (Xid 79, off the bus): a hardware verdict and an isolation each."""
+    now = time.time() if now is None else now
+    items = []
+    for i, n in enumerate(nodes):
+        lost = [False] * GPUS
+        lost[i % GPUS] = True
+        items.append((worker.topic("telemetry.gpu"), n, gpu_sample(n, now + i, lost=lost, xids=[(i % GPUS, 79)])))
+    produce(bootstrap, items)

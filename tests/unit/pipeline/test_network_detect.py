@@ -111,3 +111,24 @@ def test_the_training_reservoir_is_a_uniform_sample_of_every_healthy_window() ->
     assert counts.sum() == RESERVOIR
     # each batch holds about a sixth of the reservoir (3,333 expected; binomial spread ~ 50)
     assert (np.abs(counts - RESERVOIR / 6) < 400).all(), counts
+
+
+def test_partition_watermark_waits_for_the_slowest_partition():
+    from pipeline.detect import PartitionWatermark
+
+    wm = PartitionWatermark(idle_s=300.0)
+    assert wm.value == 0.0
+    wm.update(0, 1000.0)
+    wm.update(1, 940.0)  # partition 1 is a minute behind: its anomalies may still come
+    assert wm.value == 940.0
+    wm.update(1, 1010.0)
+    wm.update(0, 990.0)  # older than what partition 0 had: ignored
+    assert wm.value == 1000.0
+    # a partition that went quiet (its nodes left) stops holding the clock after idle_s
+    wm.update(0, 1400.0)
+    assert wm.value == 1400.0
+    # and it never moves backwards when a late partition shows up
+    wm.update(2, 1200.0)
+    assert wm.value == 1400.0
+    with pytest.raises(ValueError):
+        PartitionWatermark(idle_s=0)

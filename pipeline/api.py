@@ -1,0 +1,324 @@
+"""The operator API: JSON over HTTP on the worker's web server (``docs/openapi.yaml``).
+
+Reading needs the ``viewer`` role, changing needs ``operator`` (see :mod:`pipeline.auth`).
+Every change an operator makes is a verdict of scope ``operator`` on the ``verdicts``
+topic, carried out by the actuation agent like any other, so each one is also an
+``actions`` record (who asked is in the verdict's evidence and the action's reason):
+
+* ``POST /api/v1/nodes/{node}/return``: return a node to service (uncordon / resume);
+* ``POST /api/v1/nodes/{node}/hold``: hold a node out (isolate and drain); an operator's
+  hold is not counted against the circuit breaker, which limits automation;
+* ``POST /api/v1/held/{key}/approve`` and ``.../reject``: isolations the breaker held
+  back: approve carries them out, reject records that a person said no;
+* ``PUT /api/v1/dry-run`` ``{"enabled": true|false}``: switch dry-run on or off.
+
+The lists (``nodes``, ``jobs``, ``verdicts``, ``actions``, ``held``) come from this
+worker: its tables' partitions (all of them with one worker) and the verdicts and actions
+its actuation agent saw (the decision topics have one partition, so one worker sees all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import faust
+
+from schemas import ActionName, FaultClass, NodeNotice, PlannedAction, Verdict
+
+from .auth import AuthError, NoAuth, OidcAuth, authorize
+
+API = "/api/v1"
+DASHBOARD = Path(__file__).parent / "web" / "dashboard.html"
+
+
+@dataclass
+class ApiContext:
+    auth: NoAuth | OidcAuth
+    node_table: Any
+    job_table: Any
+    send_verdict: Callable[[Verdict], Awaitable[None]]
+    send_node_notice: Callable[[NodeNotice], Awaitable[None]]
+    dry_run: Callable[[], bool]
+    set_dry_run: Callable[[bool], None]
+    switch_table: Any = None
+    verdicts: deque = field(default_factory=lambda: deque(maxlen=2000))
+    actions: deque = field(default_factory=lambda: deque(maxlen=5000))
+    #: key of a held isolation -> its action record, until approved or rejected
+    held: dict[str, dict[str, Any]] = field(default_factory=dict)
+    resolved: set[str] = field(default_factory=set)
+    #: one queue per open event stream (the dashboard's Server-Sent Events)
+    streams: set[asyncio.Queue] = field(default_factory=set)
+    stream_queue: int = 2000
+    #: nodes that sent telemetry to this worker (healthy unless the node table says otherwise)
+    known: set[str] = field(default_factory=set)
+
+    def publish(self, kind: str, doc: dict[str, Any]) -> None:
+        """Hand an event to every open stream; a stream too slow to keep up is closed
+        (its page reconnects and reloads the fleet), never waited for."""
+        for q in list(self.streams):
+            try:
+                q.put_nowait((kind, doc))
+            except asyncio.QueueFull:
+                self.streams.discard(q)
+                q.overflow = True  # type: ignore[attr-defined]
+
+    def saw_verdict(self, v: dict[str, Any]) -> None:
+        self.verdicts.append(v)
+        self.publish("verdict", v)
+
+    def saw_node(self, node: str, state: str, h: dict[str, Any]) -> None:
+        self.publish("node", {"node": node, "state": state, "since": h.get("since"), "fault_class": h.get("fault_class")})
+
+    def saw_switch(self, switch: str, faulty: bool) -> None:
+        self.publish("switch", {"switch": switch, "state": "faulty" if faulty else "ok"})
+
+    def saw_action(self, a: dict[str, Any]) -> None:
+        self.actions.append(a)
+        self.publish("action", a)
+        if a.get("outcome") == "held_by_budget" and a.get("action") == "isolate" and a["key"] not in self.resolved:
+            self.held[a["key"]] = a
+
+
+def _limit(request: Any, default: int = 200) -> int:
+    try:
+        return max(1, min(int(request.query.get("limit", default)), 5000))
+    except ValueError:
+        return default
+
+
+def operator_verdict(subject: str, actions: list[tuple[ActionName, str, dict[str, Any]]], who: str,
+                     why: str, **evidence: Any) -> Verdict:
+    """A verdict that records and carries out an operator's decision."""
+    return Verdict(ts=time.time(), id=f"op-{uuid.uuid4().hex[:16]}", incident=f"operator-{uuid.uuid4().hex[:8]}",
+                   scope="node", subject=subject, fault_class=FaultClass.unknown, confidence=1.0,
+                   evidence={"operator": who, "request": why, **evidence},
+                   actions=[PlannedAction(action=a, target=t, params={"operator": who, **p}) for a, t, p in actions],
+                   nodes=[subject])
+
+
+def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
+    """Register the API's views on ``app``; returns each path with its HTTP methods."""
+    routes: dict[str, set[str]] = {}
+
+    def page(path: str) -> Callable[[type], type]:
+        def register(view: type) -> type:
+            routes[path] = {m for m in ("get", "post", "put", "delete", "patch") if m in vars(view)}
+            return app.page(path)(view)
+        return register
+
+    async def guard(view: faust.web.View, request: Any, need: str, query_token: bool = False) -> Any:
+        header = request.headers.get("Authorization")
+        if header is None and query_token and request.query.get("access_token"):
+            # EventSource cannot send headers: the stream takes the token as a query parameter
+            header = f"Bearer {request.query['access_token']}"
+        try:
+            return await authorize(ctx.auth, header, need)  # type: ignore[arg-type]
+        except AuthError as exc:
+            headers = {"WWW-Authenticate": 'Bearer realm="fleetmedic"'} if exc.status == 401 else {}
+            return view.json({"error": exc.reason}, status=exc.status, headers=headers)
+
+    def denied(p: Any) -> bool:
+        return not hasattr(p, "subject")
+
+    def needs(role: str, *, query_token: bool = False) -> Callable[[Callable[..., Awaitable[Any]]], Any]:
+        """A view method that runs only for a principal with ``role`` (passed as ``who``)."""
+        def wrap(method: Callable[..., Awaitable[Any]]) -> Any:
+            async def checked(self: faust.web.View, request: Any, **params: Any) -> Any:
+                who = await guard(self, request, role, query_token)
+                if denied(who):
+                    return who
+                return await method(self, request, who, **params)
+            return checked
+        return wrap
+
+    @page(f"{API}/auth")
+    class AuthInfo(faust.web.View):
+        async def get(self, request: Any) -> Any:
+            return self.json({**ctx.auth.describe(), "dry_run": ctx.dry_run()})
+
+    @page("/dashboard")
+    class Dashboard(faust.web.View):
+        async def get(self, request: Any) -> Any:
+            # the page holds no data: everything it shows comes from the API with the viewer's token
+            return self.html(DASHBOARD.read_text())
+
+    @page(f"{API}/stream")
+    class Stream(faust.web.View):
+        @needs("viewer", query_token=True)
+        async def get(self, request: Any, who: Any) -> Any:
+            from aiohttp import web
+
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                               "X-Accel-Buffering": "no"})
+            await resp.prepare(request)
+            q: asyncio.Queue = asyncio.Queue(ctx.stream_queue)
+            ctx.streams.add(q)
+            try:
+                await resp.write(b"retry: 2000\nevent: hello\ndata: {}\n\n")
+                while True:
+                    try:
+                        item = await asyncio.wait_for(q.get(), timeout=15.0)
+                    except asyncio.TimeoutError:
+                        await resp.write(b": keep-alive\n\n")
+                        continue
+                    if getattr(q, "overflow", False):
+                        break  # this client fell behind: it reconnects and reloads the fleet
+                    kind, doc = item
+                    await resp.write(f"event: {kind}\ndata: {json.dumps(doc, default=str)}\n\n".encode())
+            except (ConnectionResetError, asyncio.CancelledError):
+                pass
+            finally:
+                ctx.streams.discard(q)
+            return resp
+
+    @page(f"{API}/switches")
+    class Switches(faust.web.View):
+        @needs("viewer")
+        async def get(self, request: Any, who: Any) -> Any:
+            out = []
+            for sw, st in list((ctx.switch_table or {}).items()):
+                st = st or {}
+                out.append({"switch": sw, "state": "faulty" if st.get("incident") else "ok",
+                            "incident": st.get("incident"), "nodes": sorted(st.get("nodes") or {})})
+            out.sort(key=lambda x: x["switch"])
+            return self.json({"switches": out})
+
+    @page(f"{API}/nodes")
+    class Nodes(faust.web.View):
+        @needs("viewer")
+        async def get(self, request: Any, who: Any) -> Any:
+            state = request.query.get("state")
+            out = []
+            table = dict(ctx.node_table.items())
+            for node in set(table) | ctx.known:
+                h = table.get(node) or {}
+                st = h.get("state") or "healthy"
+                if state and st != state:
+                    continue
+                out.append({"node": node, "state": st, "since": h.get("since"), "job": h.get("job"),
+                            "fault_class": h.get("fault_class"), "incident": h.get("incident")})
+            out.sort(key=lambda x: x["node"])
+            return self.json({"nodes": out[: _limit(request, 20000)], "count": len(out)})
+
+    @page(f"{API}/nodes/{{node}}")
+    class NodeDetail(faust.web.View):
+        @needs("viewer")
+        async def get(self, request: Any, who: Any, node: str) -> Any:
+            h = ctx.node_table.get(node)
+            if h is None and node in ctx.known:
+                h = {"state": "healthy", "anomalies": [], "failed_jobs": []}
+            if h is None:
+                return self.json({"error": f"no node {node!r}"}, status=404)
+            verdicts = [v for v in ctx.verdicts if v.get("subject") == node or node in (v.get("nodes") or [])]
+            return self.json({"node": node, "health": h, "verdicts": verdicts[-50:]})
+
+    @page(f"{API}/jobs")
+    class Jobs(faust.web.View):
+        @needs("viewer")
+        async def get(self, request: Any, who: Any) -> Any:
+            out = [{"job": j, "status": (h or {}).get("status"), "nodes": (h or {}).get("nodes"),
+                    "attempt": (h or {}).get("attempt")} for j, h in list(ctx.job_table.items())]
+            out.sort(key=lambda x: x["job"])
+            return self.json({"jobs": out[: _limit(request, 20000)], "count": len(out)})
+
+    @page(f"{API}/verdicts")
+    class Verdicts(faust.web.View):
+        @needs("viewer")
+        async def get(self, request: Any, who: Any) -> Any:
+            return self.json({"verdicts": list(ctx.verdicts)[-_limit(request):]})
+
+    @page(f"{API}/actions")
+    class Actions(faust.web.View):
+        @needs("viewer")
+        async def get(self, request: Any, who: Any) -> Any:
+            return self.json({"actions": list(ctx.actions)[-_limit(request):]})
+
+    @page(f"{API}/held")
+    class Held(faust.web.View):
+        @needs("viewer")
+        async def get(self, request: Any, who: Any) -> Any:
+            return self.json({"held": list(ctx.held.values())})
+
+    @page(f"{API}/nodes/{{node}}/return")
+    class ReturnNode(faust.web.View):
+        @needs("operator")
+        async def post(self, request: Any, who: Any, node: str) -> Any:
+            v = operator_verdict(node, [(ActionName.return_, node, {})], who.subject, "return to service")
+            await ctx.send_node_notice(NodeNotice(ts=v.ts, node=node, kind="operator_return", job="-",
+                                                  reason=f"returned by {who.subject}", signature=v.id))
+            await ctx.send_verdict(v)
+            return self.json({"verdict": v.id, "node": node, "requested": "return"}, status=202)
+
+    @page(f"{API}/nodes/{{node}}/hold")
+    class HoldNode(faust.web.View):
+        @needs("operator")
+        async def post(self, request: Any, who: Any, node: str) -> Any:
+            v = operator_verdict(node, [(ActionName.isolate, node, {"reason": "held out by an operator"}),
+                                        (ActionName.drain, node, {})], who.subject, "hold out")
+            await ctx.send_node_notice(NodeNotice(ts=v.ts, node=node, kind="operator_hold", job="-",
+                                                  reason=f"held out by {who.subject}", signature=v.id))
+            await ctx.send_verdict(v)
+            return self.json({"verdict": v.id, "node": node, "requested": "hold"}, status=202)
+
+    async def resolve(view: faust.web.View, who: Any, key: str, approve: bool) -> Any:
+        a = ctx.held.pop(key, None)
+        if a is None:
+            return view.json({"error": f"no held isolation {key!r}"}, status=404)
+        ctx.resolved.add(key)
+        node = a["target"]
+        if approve:
+            acts = [(ActionName.isolate, node, {"reason": "held isolation approved"}), (ActionName.drain, node, {}),
+                    (ActionName.diagnose, node, {})]
+        else:
+            acts = [(ActionName.escalate, node, {"reason": "held isolation rejected", "alert_only": True})]
+        v = operator_verdict(node, acts, who.subject, "approve held isolation" if approve else "reject held isolation",
+                             held=key, held_verdict=a.get("verdict_id"))
+        if approve:
+            await ctx.send_node_notice(NodeNotice(ts=v.ts, node=node, kind="operator_hold", job="-",
+                                                  reason=f"held isolation approved by {who.subject}", signature=v.id))
+        await ctx.send_verdict(v)
+        return view.json({"verdict": v.id, "held": key, "approved": approve}, status=202)
+
+    @page(f"{API}/held/{{key}}/approve")
+    class Approve(faust.web.View):
+        @needs("operator")
+        async def post(self, request: Any, who: Any, key: str) -> Any:
+            return await resolve(self, who, key, True)
+
+    @page(f"{API}/held/{{key}}/reject")
+    class Reject(faust.web.View):
+        @needs("operator")
+        async def post(self, request: Any, who: Any, key: str) -> Any:
+            return await resolve(self, who, key, False)
+
+    @page(f"{API}/dry-run")
+    class DryRunSwitch(faust.web.View):
+        @needs("viewer")
+        async def get(self, request: Any, who: Any) -> Any:
+            return self.json({"dry_run": ctx.dry_run()})
+
+        @needs("operator")
+        async def put(self, request: Any, who: Any) -> Any:
+            try:
+                body = await request.json()
+                enabled = body["enabled"]
+                if not isinstance(enabled, bool):
+                    raise TypeError
+            except Exception:
+                return self.json({"error": 'body must be {"enabled": true|false}'}, status=400)
+            ctx.set_dry_run(enabled)
+            v = operator_verdict("fleet", [(ActionName.escalate, "fleet", {"reason": f"dry-run {'on' if enabled else 'off'}",
+                                                                             "alert_only": True, "dry_run": enabled})],
+                                 who.subject, f"dry-run {'on' if enabled else 'off'}")
+            await ctx.send_verdict(v)
+            return self.json({"dry_run": enabled, "verdict": v.id})
+
+    return routes

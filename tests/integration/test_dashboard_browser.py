@@ -1,0 +1,112 @@
+"""The live dashboard in headless Chromium (Debian's, installed by deploy/chromium.sh):
+during a run a node turns isolated on the page without a reload, its node page shows the
+anomaly history and the verdict's evidence, and screenshots land in bench/results/."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from .harness import ROOT, ClusterAPI, Worker, gpu_sample, produce
+
+pytestmark = pytest.mark.integration
+
+SHOTS = ROOT / "bench" / "results"
+
+
+def _chromium() -> tuple[str, str]:
+    out = subprocess.run(["bash", str(ROOT / "deploy" / "chromium.sh"), "ensure"], capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, f"deploy/chromium.sh ensure failed:\n{out.stderr[-3000:]}"
+    paths = dict(line.split("=", 1) for line in out.stdout.strip().splitlines()[-2:])
+    return paths["CHROME"], paths["DRIVER"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    import os
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chrome, driver = _chromium()
+    os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager look for a driver online
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chrome
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,900"):
+        opts.add_argument(a)
+    b = webdriver.Chrome(service=Service(executable_path=driver), options=opts)
+    b.set_page_load_timeout(30)
+    yield b
+    b.quit()
+
+
+@pytest.fixture(scope="module")
+def run(kafka_bootstrap):
+    from pipeline.config import load_settings
+
+    api = ClusterAPI(load_settings(environ={}))
+    worker = Worker(kafka_bootstrap, sim_url=api.url, env={"FLEETMEDIC_SAFETY__FLEET_SIZE": "200"})
+    worker.start()
+    yield kafka_bootstrap, worker, api
+    worker.stop()
+    api.close()
+
+
+def _wait(fn, timeout: float = 30.0, what: str = "condition"):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_node_turns_isolated_live_and_its_page_shows_why(browser, run):
+    bootstrap, worker, api = run
+    nodes = [f"db-{i:03d}" for i in range(120)]
+    api.add_nodes(nodes)
+    now = time.time()
+    topic = worker.topic("telemetry.gpu")
+    # a healthy fleet first: every node reports, the page shows them all
+    produce(bootstrap, [(topic, n, gpu_sample(n, now)) for n in nodes])
+    # the node track learns of nodes from anomalies and notices; a few warnings make tiles appear
+    sbe = [(topic, "db-007", gpu_sample("db-007", now + 5 * k, sbe=[k * 40] + [0] * 7)) for k in range(1, 4)]
+    produce(bootstrap, sbe)
+    port = worker.env["FLEETMEDIC_WORKER__WEB_PORT"]
+    browser.get(f"http://127.0.0.1:{port}/dashboard")
+    _wait(lambda: "live" in browser.find_element("id", "live").text, what="the event stream")
+    assert "Sign-in is off" in browser.find_element("id", "banner").text
+    browser.execute_script("window.__notReloaded = true;")
+    # a GPU falls off the bus on db-042: the worker isolates the node
+    lost = [False] * 8
+    lost[3] = True
+    produce(bootstrap, [(topic, "db-042", gpu_sample("db-042", time.time(), lost=lost, xids=[(3, 79)]))])
+    _wait(lambda: browser.execute_script("return window.fleetmedic.state('db-042')") in ("isolated", "diagnosing"),
+          what="db-042 isolated on the page")
+    iso_color = browser.execute_script("return window.fleetmedic.colors[window.fleetmedic.state('db-042')]")
+    _wait(lambda: browser.execute_script("return window.fleetmedic.tileColor('db-042')") == iso_color,
+          what="db-042's tile painted")
+    assert browser.execute_script("return window.__notReloaded === true")  # no reload happened
+    events = browser.find_element("id", "events").text
+    assert "gpu_hardware node db-042" in events and "isolate db-042" in events
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SHOTS / "dashboard_fleet.png"))
+    # the node page: state, anomaly history plots, the verdict's evidence
+    x, y = browser.execute_script("return window.fleetmedic.tileCenter('db-042')")
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    canvas = browser.find_element("id", "fleet")
+    w, h = canvas.size["width"], canvas.size["height"]
+    ActionChains(browser).move_to_element_with_offset(canvas, int(x - w / 2), int(y - h / 2)).click().perform()
+    _wait(lambda: browser.find_element("id", "nodetitle").text == "db-042", what="the node page")
+    _wait(lambda: browser.find_elements("id", "node-state"), what="the node's state")
+    assert browser.find_element("id", "node-state").text in ("isolated", "diagnosing", "healthy")
+    _wait(lambda: browser.find_elements("css selector", "#sparks svg path"), what="anomaly plots")
+    evidence = browser.find_element("id", "nodeverdicts").text
+    assert "gpu_hardware" in evidence and '"kind": "gpu_lost"' in evidence and '"gpu": 3' in evidence
+    browser.save_screenshot(str(SHOTS / "dashboard_node.png"))
+    assert (SHOTS / "dashboard_node.png").stat().st_size > 10_000

@@ -1,0 +1,179 @@
+"""The operator API of a real worker with sign-in on: a locally generated key pair, its
+JWKS served on loopback, tokens with and without the roles, expired, and signed by
+another key.  Every endpoint is tried with each; only the right ones succeed, and what
+an operator changes shows up on the ``actions`` topic."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import jwt
+import pytest
+from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from .harness import BackgroundLoop, ClusterAPI, Worker, collect, free_port, gpu_sample, lose_gpus, produce
+
+pytestmark = pytest.mark.integration
+
+ISSUER = "http://127.0.0.1/realms/gpu"
+AUDIENCE = "fleetmedic"
+KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+OTHER = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _token(roles: list[str], *, key: Any = KEY, exp_in: float = 600) -> str:
+    now = time.time()
+    return jwt.encode({"sub": f"u-{'-'.join(roles) or 'none'}", "iss": ISSUER, "aud": AUDIENCE, "iat": int(now) - 5,
+                       "exp": int(now + exp_in), "realm_access": {"roles": roles}}, key, algorithm="RS256",
+                      headers={"kid": "it-key"})
+
+
+TOKENS = {
+    "none": None,
+    "viewer": _token(["viewer"]),
+    "operator": _token(["operator"]),
+    "expired": _token(["operator"], exp_in=-120),
+    "other_key": _token(["operator"], key=OTHER),
+}
+
+
+@pytest.fixture(scope="module")
+def setup(kafka_bootstrap):
+    from pipeline.config import load_settings
+
+    bg = BackgroundLoop()
+    port = free_port()
+    pub = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(KEY.public_key()))
+
+    async def certs(request: web.Request) -> web.Response:
+        return web.json_response({"keys": [{**pub, "kid": "it-key", "use": "sig", "alg": "RS256"}]})
+
+    async def start() -> web.AppRunner:
+        app = web.Application()
+        app.router.add_get("/certs", certs)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return runner
+
+    runner = bg.run(start())
+    api = ClusterAPI(load_settings(environ={}))
+    worker = Worker(kafka_bootstrap, sim_url=api.url, env={
+        "FLEETMEDIC_AUTH__ENABLED": "true", "FLEETMEDIC_AUTH__ISSUER": ISSUER, "FLEETMEDIC_AUTH__AUDIENCE": AUDIENCE,
+        "FLEETMEDIC_AUTH__JWKS_URL": f"http://127.0.0.1:{port}/certs", "FLEETMEDIC_AUTH__LEEWAY_S": "0",
+        "FLEETMEDIC_SAFETY__FLEET_SIZE": "40", "FLEETMEDIC_SAFETY__MAX_ABSOLUTE": "1"})
+    worker.start()
+    nodes = ["op-0", "op-1", "op-2"]
+    api.add_nodes(nodes)
+    lose_gpus(kafka_bootstrap, worker, nodes)
+    # breaker budget 1: one isolation applied, two held
+    collect(kafka_bootstrap, worker.topic("actions"),
+            lambda rs: sum(1 for a in rs if a["action"] == "isolate" and a["target"] in nodes) >= 3)
+    yield kafka_bootstrap, worker, api, nodes
+    worker.stop()
+    api.close()
+    bg.run(runner.cleanup())
+    bg.stop()
+
+
+def call(worker: Worker, method: str, path: str, token: str | None, body: Any = None) -> tuple[int, Any]:
+    port = worker.env["FLEETMEDIC_WORKER__WEB_PORT"]
+    data = json.dumps(body).encode() if body is not None else (b"" if method in ("POST", "PUT") else None)
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=15) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def _wait(fn, timeout: float = 20.0):
+    end = time.time() + timeout
+    while True:
+        v = fn()
+        if v or time.time() > end:
+            return v
+        time.sleep(0.3)
+
+
+READS = ["/api/v1/nodes", "/api/v1/nodes/op-0", "/api/v1/jobs", "/api/v1/verdicts", "/api/v1/actions",
+         "/api/v1/held", "/api/v1/dry-run"]
+
+
+def test_reads_need_a_valid_token_with_a_role(setup):
+    _, worker, _, _ = setup
+    for path in READS:
+        got = {name: call(worker, "GET", path, tok)[0] for name, tok in TOKENS.items()}
+        assert got == {"none": 401, "viewer": 200, "operator": 200, "expired": 401, "other_key": 401}, (path, got)
+    status, body = call(worker, "GET", "/api/v1/nodes/op-0", TOKENS["viewer"])
+    assert body["health"]["state"] in ("isolated", "diagnosing", "healthy", "suspect", "failed")
+    status, body = call(worker, "GET", "/api/v1/nodes/nope", TOKENS["viewer"])
+    assert status == 404
+    # sign-in state is public, so the page can say whether it is on
+    status, body = call(worker, "GET", "/api/v1/auth", None)
+    assert status == 200 and body["enabled"] is True and body["issuer"] == ISSUER
+    status, body = call(worker, "GET", "/api/v1/actions", TOKENS["none"])
+    assert "no bearer token" in body["error"]
+    status, body = call(worker, "GET", "/api/v1/actions", TOKENS["expired"])
+    assert body["error"] == "token expired"
+
+
+def test_changes_need_the_operator_role_and_are_actions_records(setup):
+    bootstrap, worker, api, nodes = setup
+    held = _wait(lambda: call(worker, "GET", "/api/v1/held", TOKENS["viewer"])[1]["held"] if
+                 len(call(worker, "GET", "/api/v1/held", TOKENS["viewer"])[1]["held"]) >= 2 else None)
+    assert held and len(held) == 2, held
+    keys = [h["key"] for h in held]
+    writes = [("POST", "/api/v1/nodes/op-0/return", None), ("POST", "/api/v1/nodes/op-9/hold", None),
+              ("POST", f"/api/v1/held/{keys[0]}/approve", None), ("POST", f"/api/v1/held/{keys[1]}/reject", None),
+              ("PUT", "/api/v1/dry-run", {"enabled": True})]
+    for method, path, body in writes:
+        got = {name: call(worker, method, path, TOKENS[name], body)[0] for name in ("none", "viewer", "expired", "other_key")}
+        assert got == {"none": 401, "viewer": 403, "expired": 401, "other_key": 401}, (path, got)
+    verdict_ids = []
+    for method, path, body in writes[:4]:
+        status, out = call(worker, method, path, TOKENS["operator"], body)
+        assert status in (200, 202), (path, status, out)
+        verdict_ids.append(out["verdict"])
+    # a held isolation is resolved once
+    assert call(worker, "POST", f"/api/v1/held/{keys[0]}/approve", TOKENS["operator"])[0] == 404
+    assert call(worker, "PUT", "/api/v1/dry-run", TOKENS["operator"], {"enabled": "yes"})[0] == 400
+    collect(bootstrap, worker.topic("actions"), lambda rs: {a["verdict_id"] for a in rs} >= set(verdict_ids), timeout=60)
+    # dry-run on only once the changes above are carried out (it applies from the next action on)
+    status, out = call(worker, "PUT", "/api/v1/dry-run", TOKENS["operator"], {"enabled": True})
+    assert status == 200 and out["dry_run"] is True
+    verdict_ids.append(out["verdict"])
+    actions = collect(bootstrap, worker.topic("actions"),
+                      lambda rs: {a["verdict_id"] for a in rs} >= set(verdict_ids), timeout=60)
+    mine = {a["verdict_id"]: a for a in actions if a["verdict_id"] in verdict_ids}
+    ret, hold, approve, reject, dry = (mine[v] for v in verdict_ids)
+    assert ret["action"] == "return" and ret["target"] == "op-0"
+    assert hold["action"] in ("isolate", "drain") and hold["target"] == "op-9"
+    by_v = [a for a in actions if a["verdict_id"] == verdict_ids[2]]
+    iso = [a for a in by_v if a["action"] == "isolate"]
+    assert iso and iso[0]["outcome"] in ("applied", "already_so")  # approved: past the breaker
+    assert reject["action"] == "escalate"
+    assert dry["action"] == "escalate"
+    # an operator's hold is not counted by the breaker (budget 1 is used): op-9 is cordoned
+    assert _wait(lambda: api.state(lambda c: c.nodes["op-9"].cordoned if "op-9" in c.nodes else None) is not False)
+    assert call(worker, "GET", "/api/v1/dry-run", TOKENS["viewer"])[1]["dry_run"] is True
+    # with dry-run on, a new fault is decided but not acted on
+    api.add_nodes(["op-5"])
+    lost = [True] + [False] * 7
+    produce(bootstrap, [(worker.topic("telemetry.gpu"), "op-5", gpu_sample("op-5", time.time(), lost=lost, xids=[(0, 79)]))])
+    acts = collect(bootstrap, worker.topic("actions"),
+                   lambda rs: any(a["target"] == "op-5" and a["action"] == "isolate" for a in rs))
+    iso5 = [a for a in acts if a["target"] == "op-5" and a["action"] == "isolate"]
+    assert iso5[0]["outcome"] in ("dry_run", "held_by_budget")
+    assert call(worker, "PUT", "/api/v1/dry-run", TOKENS["operator"], {"enabled": False})[1]["dry_run"] is False
+    # the node page shows who returned op-0
+    status, body = call(worker, "GET", "/api/v1/nodes/op-0", TOKENS["viewer"])
+    assert _wait(lambda: call(worker, "GET", "/api/v1/nodes/op-0", TOKENS["viewer"])[1]["health"].get("operator"))
