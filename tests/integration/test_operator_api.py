@@ -105,7 +105,7 @@ def _wait(fn, timeout: float = 20.0):
 
 
 READS = ["/api/v1/nodes", "/api/v1/nodes/op-0", "/api/v1/jobs", "/api/v1/verdicts", "/api/v1/actions",
-         "/api/v1/held", "/api/v1/dry-run"]
+         "/api/v1/held", "/api/v1/dry-run", "/api/v1/switches"]
 
 
 def test_reads_need_a_valid_token_with_a_role(setup):
@@ -177,3 +177,28 @@ def test_changes_need_the_operator_role_and_are_actions_records(setup):
     # the node page shows who returned op-0
     status, body = call(worker, "GET", "/api/v1/nodes/op-0", TOKENS["viewer"])
     assert _wait(lambda: call(worker, "GET", "/api/v1/nodes/op-0", TOKENS["viewer"])[1]["health"].get("operator"))
+
+
+def _stream_first_event(worker: Worker, token: str | None, *, query: bool = False) -> tuple[int, bytes]:
+    port = worker.env["FLEETMEDIC_WORKER__WEB_PORT"]
+    url = f"http://127.0.0.1:{port}/api/v1/stream" + (f"?access_token={token}" if query and token else "")
+    req = urllib.request.Request(url)
+    if token and not query:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=15) as r:
+            return r.status, r.read(40)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_the_event_stream_needs_a_viewer_token_in_the_header_or_the_query(setup):
+    _, worker, _, _ = setup
+    for name in ("none", "expired", "other_key"):
+        assert _stream_first_event(worker, TOKENS[name])[0] == 401, name
+        assert _stream_first_event(worker, TOKENS[name], query=True)[0] == 401, name
+    for name in ("viewer", "operator"):
+        status, first = _stream_first_event(worker, TOKENS[name])
+        assert status == 200 and b"event: hello" in first, (name, first)
+        status, first = _stream_first_event(worker, TOKENS[name], query=True)
+        assert status == 200 and b"event: hello" in first, (name, first)
