@@ -44,9 +44,9 @@ import aiohttp
 
 from schemas import ActionName, ActionRecord, FaultClass, Outcome, Verdict
 
-from .base import PermanentError, TemporaryError
+from .base import PermanentError
 from .retry import RetriesExhausted, RetryPolicy, call_with_retry
-from .webhook import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, sign
+from .webhook import post_signed
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +92,6 @@ def _summary(v: Verdict) -> str:
     return f"{v.fault_class.value} on {v.scope} {v.subject}: {acts}"
 
 
-def _verdict_doc(v: Verdict) -> dict[str, Any]:
-    return json.loads(v.to_json())
-
-
 def alertmanager_body(v: Verdict, *, source: str, external_url: str = "") -> dict[str, Any]:
     """The Alertmanager webhook body (version 4) for one verdict: one firing alert."""
     labels = {"alertname": "FleetmedicVerdict", "severity": _severity(v), "fault_class": v.fault_class.value,
@@ -118,7 +114,7 @@ def cloudevent_body(v: Verdict, *, source: str) -> dict[str, Any]:
     """A CloudEvents 1.0 event (structured JSON mode) carrying the verdict."""
     return {"specversion": "1.0", "id": v.id, "source": source, "type": "io.fleetmedic.verdict",
             "subject": f"{v.scope}/{v.subject}", "time": _rfc3339(v.ts), "datacontenttype": "application/json",
-            "severity": _severity(v), "data": _verdict_doc(v)}
+            "severity": _severity(v), "data": v.to_dict()}
 
 
 def body_for(receiver: Receiver, v: Verdict, *, source: str, external_url: str = "") -> bytes:
@@ -230,30 +226,12 @@ class AlertDispatcher:
 
     async def _deliver(self, r: Receiver, v: Verdict) -> None:
         body = body_for(r, v, source=self.source, external_url=self.external_url)
-        headers = {"Content-Type": "application/json" if r.format == "alertmanager" else "application/cloudevents+json",
-                   IDEMPOTENCY_HEADER: v.id}
-        if r.secret:
-            headers[SIGNATURE_HEADER] = sign(r.secret, body)
+        content_type = "application/json" if r.format == "alertmanager" else "application/cloudevents+json"
 
         async def post() -> str:
-            try:
-                async with self._session_now().post(r.url, data=body, headers=headers, allow_redirects=False,
-                                                    timeout=aiohttp.ClientTimeout(total=r.timeout_s)) as resp:
-                    status = resp.status
-                    retry_after = resp.headers.get("Retry-After")
-                    text = (await resp.text(errors="replace"))[:200]
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                raise TemporaryError(f"{r.url}: {type(exc).__name__}: {exc}") from exc
-            if 200 <= status < 300 or status == 409:  # 409: the receiver has this id already
-                return f"delivered to {r.name} (HTTP {status})"
-            detail = f"{r.url}: HTTP {status} {text}".rstrip()
-            if status in (408, 429) or status >= 500:
-                try:
-                    delay = float(retry_after) if retry_after is not None else None
-                except ValueError:
-                    delay = None
-                raise TemporaryError(detail, delay=delay)
-            raise PermanentError(detail)
+            status = await post_signed(self._session_now(), r.url, body, key=v.id, secret=r.secret,
+                                       timeout_s=r.timeout_s, content_type=content_type)
+            return f"delivered to {r.name} (HTTP {status})"
 
         def on_retry(attempt: int, exc: BaseException, delay: float) -> None:
             log.warning("alerts: %s to %s, attempt %d failed (%s); retrying in %.1fs", v.id, r.name, attempt, exc, delay)

@@ -57,6 +57,35 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
+async def post_signed(session: aiohttp.ClientSession, url: str, body: bytes, *, key: str,
+                      secret: str | bytes | None, timeout_s: float, content_type: str = "application/json",
+                      headers: Mapping[str, str] | None = None) -> int:
+    """POST ``body`` with ``Idempotency-Key: key`` (and its signature when ``secret`` is
+    set); returns the status of an answer that took it (2xx, or 409: already had it).
+
+    408, 429, 5xx, timeouts and connection errors raise :class:`TemporaryError`
+    (``Retry-After`` as its delay); any other status a :class:`PermanentError`.
+    Redirects are not followed.
+    """
+    h = {**(headers or {}), "Content-Type": content_type, IDEMPOTENCY_HEADER: key}
+    if secret:
+        h[SIGNATURE_HEADER] = sign(secret, body)
+    try:
+        async with session.post(url, data=body, headers=h, allow_redirects=False,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            status = resp.status
+            retry_after = _retry_after(resp.headers.get("Retry-After"))
+            text = (await resp.text(errors="replace"))[:200]
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise TemporaryError(f"webhook {url}: {type(exc).__name__}: {exc}") from exc
+    if 200 <= status < 300 or status == 409:
+        return status
+    detail = f"webhook {url}: HTTP {status} {text}".rstrip()
+    if status in (408, 429) or status >= 500:
+        raise TemporaryError(detail, delay=retry_after)
+    raise PermanentError(detail)
+
+
 class WebhookNotifier:
     """POST actions to ``url`` as JSON.
 
@@ -149,31 +178,11 @@ class WebhookNotifier:
                 self._locks[key] = (lock, users - 1)
 
     async def _post(self, request: ActionRequest) -> ActionResult:
-        body = self.payload(request)
-        headers = {**self.headers, "Content-Type": "application/json", IDEMPOTENCY_HEADER: request.key}
-        if self.secret is not None:
-            headers[SIGNATURE_HEADER] = sign(self.secret, body)
-        try:
-            async with self._session_now().post(
-                self.url,
-                data=body,
-                headers=headers,
-                allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-            ) as resp:
-                status = resp.status
-                retry_after = _retry_after(resp.headers.get("Retry-After"))
-                text = (await resp.text(errors="replace"))[:200]
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise TemporaryError(f"webhook {self.url}: {type(exc).__name__}: {exc}") from exc
-        if 200 <= status < 300:
-            return ActionResult(Outcome.applied, f"notified {self.url} (HTTP {status})")
+        status = await post_signed(self._session_now(), self.url, self.payload(request), key=request.key,
+                                   secret=self.secret, timeout_s=self.timeout_s, headers=self.headers)
         if status == 409:
             return ActionResult(Outcome.already_so, f"{self.url} already has {request.key} (HTTP 409)")
-        detail = f"webhook {self.url}: HTTP {status} {text}".rstrip()
-        if status in (408, 429) or status >= 500:
-            raise TemporaryError(detail, delay=retry_after)
-        raise PermanentError(detail)
+        return ActionResult(Outcome.applied, f"notified {self.url} (HTTP {status})")
 
     async def close(self) -> None:
         if self._session is not None and self._owns_session and not self._session.closed:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import gc
 from collections import deque
-import json
 import logging
 import time
 from pathlib import Path
@@ -576,16 +575,15 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                     switch_ticks[sw] = due
         # the watermark of a moment ago: the anomalies of events up to it have had time to
         # pass through the node track onto the switch notices before the tick follows them
-        marks = state.setdefault("net_marks", deque())
+        marks = state.setdefault("net_marks", deque())  # (wall time, watermark), oldest first
         wall = time.monotonic()
         marks.append((wall, state.get("net_watermark", 0.0)))
-        now = 0.0
-        while marks and marks[0][0] <= wall - s.network.tick_lag_s:
-            now = marks.popleft()[1]
-        if now:
-            marks.appendleft((wall - s.network.tick_lag_s, now))
-        else:
+        cutoff = wall - s.network.tick_lag_s
+        while len(marks) > 1 and marks[1][0] <= cutoff:
+            marks.popleft()  # keep the newest mark at least tick_lag_s old, and those after it
+        if marks[0][0] > cutoff or not marks[0][1]:
             return
+        now = marks[0][1]
         for sw in [w for w, t in switch_ticks.items() if t <= now]:
             switch_ticks.pop(sw, None)
             tick = SwitchNotice(ts=now, switch=sw, node="-", kind="tick")
@@ -627,7 +625,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         return state["actuation"]
 
     async def record_action(r: ActionRecord) -> None:
-        api_ctx.saw_action(json.loads(r.to_json()))
+        api_ctx.saw_action(r.to_dict())
         stats["actions"] += 1
         metrics.actions.labels(r.action.value, r.outcome.value).inc()
         log.info("action %s %s: %s (%s) %s", r.action.value, r.target, r.outcome.value, r.backend, r.detail)
@@ -658,7 +656,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             rec = await decode_event(event, Verdict)
             if rec is None:
                 continue
-            api_ctx.saw_verdict(json.loads(rec.to_json()))
+            api_ctx.saw_verdict(rec.to_dict())
             if alerts is not None:
                 alerts.submit(rec)
             saved = breaker_state.get("isolations")

@@ -122,6 +122,10 @@ class Record(BaseModel):
     def to_json(self) -> bytes:
         return self.model_dump_json(exclude_none=True, by_alias=True).encode()
 
+    def to_dict(self) -> dict[str, Any]:
+        """What :meth:`to_json` encodes, as plain JSON types."""
+        return self.model_dump(mode="json", exclude_none=True, by_alias=True)
+
 
 # --------------------------------------------------------------------------- telemetry
 

@@ -210,7 +210,8 @@ class CpuSampler:
         self.pids = {k: v for k, v in pids.items() if v}
         self.first: dict[str, float] = {}
         self.last: dict[str, float] = {}
-        self.t0 = self.t1 = time.monotonic()
+        self.t0: float | None = None
+        self.t1 = 0.0
 
     @staticmethod
     def _cpu_s(pid: int) -> float | None:
@@ -222,29 +223,26 @@ class CpuSampler:
 
     def sample(self) -> None:
         now = time.monotonic()
-        for name, pid in self.pids.items():
-            c = self._cpu_s(pid)
-            if c is None:
-                continue
-            self.first.setdefault(name, c)
-            self.last[name] = c
-        if len(self.first) == 1 and not self.last:
+        if self.t0 is None:
             self.t0 = now
         self.t1 = now
+        for name, pid in self.pids.items():
+            c = self._cpu_s(pid)
+            if c is not None:
+                self.first.setdefault(name, c)
+                self.last[name] = c
 
     def shares(self) -> dict[str, float]:
-        span = max(self.t1 - self.t0, 1e-9)
+        span = max(self.t1 - (self.t0 or self.t1), 1e-9)
         return {k: round((self.last[k] - self.first[k]) / span, 2) for k in self.last}
 
 
 def _broker_pid(state: Path) -> int | None:
-    """The embedded broker's pid, from its pid file if the kafka script wrote one."""
-    for f in (state / "kafka" / "kafka.pid",):
-        try:
-            return int(f.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue
-    return None
+    """The embedded broker's pid, from the pid file deploy/kafka.sh writes."""
+    try:
+        return int((state / "kafka" / "kafka.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _scenario(sc: Scenario, cluster: Cluster, env: dict[str, str], bootstrap: str, state: Path,

@@ -108,9 +108,9 @@ def test_every_verdict_reaches_each_receiver_once_and_a_dead_one_delays_nothing(
     api.add_nodes(nodes)
     lose_gpus(bootstrap, worker, nodes)
     # the isolations are carried out whatever the receivers do
-    actions = collect(bootstrap, worker.topic("actions"),
-                      lambda rs: sum(1 for a in rs if a["action"] == "isolate" and a["outcome"] == "applied"
-                                     and a["target"] in nodes) == 3, timeout=60)
+    collect(bootstrap, worker.topic("actions"),
+            lambda rs: sum(1 for a in rs if a["action"] == "isolate" and a["outcome"] == "applied"
+                           and a["target"] in nodes) == 3, timeout=60)
     verdicts = collect(bootstrap, worker.topic("verdicts"),
                        lambda rs: sum(1 for v in rs if v["subject"] in nodes) >= 3)
     ids = sorted(v["id"] for v in verdicts if v["subject"] in nodes)
@@ -140,7 +140,6 @@ def test_every_verdict_reaches_each_receiver_once_and_a_dead_one_delays_nothing(
     assert all(a["outcome"] == "failed" and a["attempts"] == 4 and "gave up" in a["detail"] for a in dead)
     assert all(a["action"] == "escalate" for a in mine)
     assert worker.alive()
-    del actions
 
 
 def test_prometheus_metrics_count_what_the_worker_did(setup):

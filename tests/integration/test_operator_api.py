@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from .harness import BackgroundLoop, ClusterAPI, Worker, collect, free_port, gpu_sample, lose_gpus, produce
+from .harness import BackgroundLoop, ClusterAPI, Worker, collect, free_port, lose_gpus
 
 pytestmark = pytest.mark.integration
 
@@ -128,9 +128,13 @@ def test_reads_need_a_valid_token_with_a_role(setup):
 
 def test_changes_need_the_operator_role_and_are_actions_records(setup):
     bootstrap, worker, api, nodes = setup
-    held = _wait(lambda: call(worker, "GET", "/api/v1/held", TOKENS["viewer"])[1]["held"] if
-                 len(call(worker, "GET", "/api/v1/held", TOKENS["viewer"])[1]["held"]) >= 2 else None)
+    def two_held() -> list | None:
+        got = call(worker, "GET", "/api/v1/held", TOKENS["viewer"])[1]["held"]
+        return got if len(got) >= 2 else None
+
+    held = _wait(two_held)
     assert held and len(held) == 2, held
+    api.add_nodes(["op-9", "op-6"])
     keys = [h["key"] for h in held]
     writes = [("POST", "/api/v1/nodes/op-0/return", None), ("POST", "/api/v1/nodes/op-9/hold", None),
               ("POST", f"/api/v1/held/{keys[0]}/approve", None), ("POST", f"/api/v1/held/{keys[1]}/reject", None),
@@ -163,19 +167,18 @@ def test_changes_need_the_operator_role_and_are_actions_records(setup):
     assert reject["action"] == "escalate"
     assert dry["action"] == "escalate"
     # an operator's hold is not counted by the breaker (budget 1 is used): op-9 is cordoned
-    assert _wait(lambda: api.state(lambda c: c.nodes["op-9"].cordoned if "op-9" in c.nodes else None) is not False)
+    assert _wait(lambda: api.state(lambda c: c.nodes["op-9"].cordoned))
     assert call(worker, "GET", "/api/v1/dry-run", TOKENS["viewer"])[1]["dry_run"] is True
-    # with dry-run on, a new fault is decided but not acted on
-    api.add_nodes(["op-5"])
-    lost = [True] + [False] * 7
-    produce(bootstrap, [(worker.topic("telemetry.gpu"), "op-5", gpu_sample("op-5", time.time(), lost=lost, xids=[(0, 79)]))])
+    # with dry-run on, a hold (which the breaker does not stop) is recorded but not carried out
+    status, out = call(worker, "POST", "/api/v1/nodes/op-6/hold", TOKENS["operator"])
+    assert status == 202
     acts = collect(bootstrap, worker.topic("actions"),
-                   lambda rs: any(a["target"] == "op-5" and a["action"] == "isolate" for a in rs))
-    iso5 = [a for a in acts if a["target"] == "op-5" and a["action"] == "isolate"]
-    assert iso5[0]["outcome"] in ("dry_run", "held_by_budget")
+                   lambda rs: any(a["verdict_id"] == out["verdict"] and a["action"] == "isolate" for a in rs))
+    iso6 = [a for a in acts if a["verdict_id"] == out["verdict"] and a["action"] == "isolate"]
+    assert iso6[0]["outcome"] == "dry_run"
+    assert api.state(lambda c: c.nodes["op-6"].cordoned) is False
     assert call(worker, "PUT", "/api/v1/dry-run", TOKENS["operator"], {"enabled": False})[1]["dry_run"] is False
     # the node page shows who returned op-0
-    status, body = call(worker, "GET", "/api/v1/nodes/op-0", TOKENS["viewer"])
     assert _wait(lambda: call(worker, "GET", "/api/v1/nodes/op-0", TOKENS["viewer"])[1]["health"].get("operator"))
 
 
