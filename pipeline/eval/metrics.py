@@ -10,7 +10,13 @@ The right verdict for an injected fault (its class from
   lasts (plus ``slack_s``); no node under it isolated;
 * a job fault (``transient_software``, ``user_error``): the job's last verdict about that
   failure (the settled decision: a user bug is retried within its retry budget first,
-  then stopped), within ``slack_s`` of the onset.
+  then stopped), within ``slack_s`` of the onset.  A job fault that strikes while a real
+  node or switch fault is live on the job's nodes is *confounded*: a verdict that blames
+  that real fault (a hardware class, and a node it names has a node fault; or the switch
+  class, and the switch above a node it names has a fault) is right too, since
+  requeueing off the faulty part is what an operator would do.  Such cases are listed
+  under ``confounded``.  Any hardware class is accepted there: the node's own isolation
+  is scored against its own class.
 
 Precision of a class counts, among the verdicts of that class (the isolating node
 verdicts, the switch verdicts, the jobs' settled verdicts), those that match a fault of
@@ -72,6 +78,7 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
     kinds: dict[str, dict[str, Any]] = defaultdict(lambda: {"faults": 0, "right": 0, "delays": []})
     missed: list[str] = []
     wrong_class: list[str] = []
+    confounded: list[str] = []
 
     job_faults = sorted((f for f in faults if KIND_CLASS[f.kind] in JOB_CLASSES and f.job), key=lambda f: f.at)
     next_on_job: dict[int, float] = {}
@@ -106,6 +113,9 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
                 last = mine[-1]
                 if last["fault_class"] == fc:
                     hit = last
+                elif (real := _explained_by(last, faults, cluster, slack_s)) is not None:
+                    hit = last
+                    confounded.append(f"{f.kind}@{f.job}: {last['fault_class']} ({real.kind}@{real.node or real.leaf})")
                 else:
                     wrong_class.append(f"{f.kind}@{f.job}: {last['fault_class']} ({last['actions'][0]['action']})")
         if hit is not None:
@@ -163,7 +173,8 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
         if any(v["actions"][0]["action"] == "stop" for v in mine):
             user_stopped += 1
         end = min(f.at + slack_s, next_on_job[id(f)])
-        hwv = [v for v in mine if v["fault_class"] in HARDWARE_CLASSES and v["_t"] < end]
+        hwv = [v for v in mine if v["fault_class"] in HARDWARE_CLASSES and v["_t"] < end
+               and _explained_by(v, faults, cluster, slack_s) is None]
         # a node isolated because this job's failures were counted against it
         iso_nodes = [n for n, v in iso_verdicts.items() if n not in node_faults
                      and f.job in ((v.get("evidence") or {}).get("failed_jobs") or [])]
@@ -217,6 +228,7 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
         "delays_s": {c: sorted(round(d, 1) for d in pc["delays"]) for c, pc in per_class.items()},
         "missed": sorted(missed),
         "wrong_class": sorted(wrong_class),
+        "confounded": sorted(confounded),
         "held_by_budget": sum(1 for a in actions if a.get("outcome") == "held_by_budget"),
         "unknown_verdicts": sum(1 for v in vs if v["fault_class"] == "unknown"),
     }
@@ -228,6 +240,32 @@ def _job_nodes(vs: list[dict[str, Any]], job: str | None) -> set[str]:
         if v.get("scope") == "job" and v["subject"] == job:
             out |= set(v.get("nodes") or [])
     return out
+
+
+def _blamed_nodes(v: dict[str, Any]) -> list[str]:
+    """The nodes a job verdict holds at fault: those it excludes, else those whose notices it cites."""
+    acts = v.get("actions") or [{}]
+    exclude = list((acts[0].get("params") or {}).get("exclude") or [])
+    ev = v.get("evidence") or {}
+    return exclude or list(ev.get("node_faults") or {}) or ([ev["node"]] if ev.get("node") else [])
+
+
+def _explained_by(v: dict[str, Any], faults: list[Fault], cluster: Cluster, slack_s: float) -> Fault | None:
+    """The real node or switch fault a job verdict of a hardware or switch class rightly blames."""
+    fc = v["fault_class"]
+    if fc not in HARDWARE_CLASSES and fc != "fabric_switch":
+        return None
+    nodes = _blamed_nodes(v)
+    leaves = {cluster.nodes[n].leaf for n in nodes if n in cluster.nodes}
+    for f in faults:
+        if f.at - 1 > v["_t"] or (f.end_at is not None and v["_t"] > f.end_at + slack_s):
+            continue
+        if fc == "fabric_switch":
+            if f.kind in SWITCH_KINDS and f.leaf in leaves:
+                return f
+        elif f.kind in HARDWARE_KINDS and f.node in nodes:
+            return f  # the node was faulty; its own verdict is scored against its own class
+    return None
 
 
 def _cause(v: dict[str, Any], cluster: Cluster, faults: list[Fault]) -> str:

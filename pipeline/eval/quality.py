@@ -389,6 +389,8 @@ def table(r: dict[str, Any]) -> str:
         lines.append(f"missed: {', '.join(r['missed'][:20])}")
     if r["wrong_class"]:
         lines.append(f"wrong class: {', '.join(r['wrong_class'][:20])}")
+    if r.get("confounded"):
+        lines.append(f"blamed on a real fault live on the job's nodes (counted right): {', '.join(r['confounded'][:20])}")
     return "\n".join(lines)
 
 
