@@ -11,6 +11,10 @@ For every planned action, in the verdict's order:
 3. **act**: the backend observes, compares and acts, retried with backoff on temporary
    errors;
 4. **report**: an :class:`ActionRecord` for the ``actions`` topic, and the ledger entry.
+
+Escalations also go to the notifier (``actuators.webhook_url``).  With ``deliver_later``
+set (the worker sets it) those deliveries run in the background, so a webhook that is down
+delays no later action; their records are reported when each delivery settles.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -95,6 +99,10 @@ class Actuation:
     router: Callable[[ActionRequest], Backend] | None = None
     #: switched at run time (the operator API): every backend answers dry_run while it is true
     dry_run: Callable[[], bool] | None = None
+    #: takes a notifier delivery off the verdict's path and reports its record when it
+    #: settles; returns False when it cannot take more.  None: deliveries run inline and
+    #: their records come back with the verdict's.
+    deliver_later: Callable[[Coroutine[Any, Any, ActionRecord]], bool] | None = None
 
     def backend_for(self, req: ActionRequest) -> Backend:
         b = self.router(req) if self.router is not None else self.backend
@@ -144,8 +152,19 @@ class Actuation:
             if rec.outcome in SETTLED:
                 self.ledger[req.key] = rec.outcome.value
             if planned.action is ActionName.escalate and self.notifier is not None:
-                records.append(await self._apply(self.notifier, req, verdict.ts))
+                records.extend(await self._notify(req, verdict.ts))
         return records
+
+    async def _notify(self, req: ActionRequest, ts: float) -> list[ActionRecord]:
+        assert self.notifier is not None
+        delivery = self._apply(self.notifier, req, ts)
+        if self.deliver_later is None:
+            return [await delivery]
+        if self.deliver_later(delivery):
+            return []
+        delivery.close()
+        return [self._record(req, Outcome.failed, "notifier backlog full: delivery not attempted", 0, ts,
+                             self.notifier.name)]
 
     async def _alert(self, req: ActionRequest, ts: float) -> ActionRecord:
         if self.notifier is not None:
@@ -163,7 +182,7 @@ class Actuation:
             params={"held": req.action.value, "reason": reason},
             reason=f"isolation held by the circuit breaker: {reason}",
         )
-        return [await self._apply(self.notifier, alert, verdict.ts)]
+        return await self._notify(alert, verdict.ts)
 
     async def _apply(self, backend: Backend, req: ActionRequest, ts: float) -> ActionRecord:
         if not backend.supports(req.action):

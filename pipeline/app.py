@@ -59,6 +59,9 @@ from .topics import topic_specs
 
 log = logging.getLogger("fleetmedic")
 
+#: escalation webhook deliveries in flight at most; beyond it a delivery is reported failed
+NOTIFY_BACKLOG = 1000
+
 
 def _backend(name: str, s: Settings):
     a = s.actuators
@@ -621,8 +624,28 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                 notifier=build_notifier(s),
                 ledger=_TableLedger(action_to_outcome),
                 dry_run=lambda: runtime["dry_run"],
+                deliver_later=deliver_later,
             )
         return state["actuation"]
+
+    # escalation webhook deliveries (actuators.webhook_url) run beside the actuate agent, at
+    # most NOTIFY_BACKLOG at once; each settled delivery is an actions record
+    notifying: set[asyncio.Task] = set()
+
+    def deliver_later(delivery: Any) -> bool:
+        if len(notifying) >= NOTIFY_BACKLOG:
+            return False
+
+        async def settle() -> None:
+            try:
+                await record_action(await delivery)
+            except Exception:  # reported, never raised into the event loop
+                log.exception("escalation webhook delivery could not be reported")
+
+        task = asyncio.ensure_future(settle())
+        notifying.add(task)
+        task.add_done_callback(notifying.discard)
+        return True
 
     async def record_action(r: ActionRecord) -> None:
         api_ctx.saw_action(r.to_dict())

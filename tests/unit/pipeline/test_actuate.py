@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
@@ -187,3 +188,44 @@ async def test_the_notifier_receives_held_isolations_for_a_human() -> None:
     [alert] = notifier.calls
     assert alert.action is ActionName.escalate and alert.params["held"] == "isolate"
     assert "circuit breaker" in alert.reason
+
+
+class SlowNotifier(FakeBackend):
+    """A webhook that answers only when released: a receiver that hangs."""
+
+    def __init__(self) -> None:
+        super().__init__("webhook")
+        self.release = asyncio.Event()
+
+    async def apply(self, request):
+        await self.release.wait()
+        return await super().apply(request)
+
+
+async def test_escalations_handed_to_the_background_delay_no_action() -> None:
+    backend, notifier = FakeBackend(), SlowNotifier()
+    act = _actuation(backend, notifier=notifier)
+    later: list[asyncio.Task] = []
+    act.deliver_later = lambda delivery: later.append(asyncio.ensure_future(delivery)) is None
+    esc = await asyncio.wait_for(act.carry_out(verdict([("escalate", "node-0001", {"reason": "lemon"})], id="v-esc")),
+                                 1.0)
+    assert _outcomes(esc) == [("escalate", "node-0001", Outcome.applied)]  # the node backend's record only
+    # the webhook still hangs, yet the next verdict is carried out at once
+    iso = await asyncio.wait_for(act.carry_out(verdict(ISOLATION, id="v-iso", subject="node-0002")), 1.0)
+    assert [r.outcome for r in iso] == [Outcome.applied] * 3
+    assert not later[0].done()
+    notifier.release.set()
+    [rec] = await asyncio.wait_for(asyncio.gather(*later), 1.0)
+    assert (rec.backend, rec.action, rec.target, rec.outcome) == ("webhook", ActionName.escalate, "node-0001",
+                                                                  Outcome.applied)
+
+
+async def test_a_full_notifier_backlog_is_reported_not_dropped() -> None:
+    backend, notifier = FakeBackend(), FakeBackend("webhook")
+    act = _actuation(backend, fleet=10, notifier=notifier)
+    act.deliver_later = lambda delivery: False
+    await act.carry_out(verdict([("isolate", "node-0001")], id="v-1"))
+    records = await act.carry_out(verdict([("isolate", "node-0002")], id="v-2", subject="node-0002"))
+    assert _outcomes(records) == [("isolate", "node-0002", Outcome.held_by_budget),
+                                  ("escalate", "node-0002", Outcome.failed)]
+    assert "backlog full" in records[-1].detail and notifier.calls == []
