@@ -3,12 +3,15 @@
 One receiver answers 503 to its first two posts (then 200), one is signed with a secret,
 one is a closed port: every verdict reaches each live receiver exactly once, signed; the
 dead receiver's deliveries are given up and recorded on ``actions``; the isolations go on
-as if no receiver existed.
+as if no receiver existed.  The escalation webhook (``actuators.webhook_url``) is a port
+that takes connections and never answers: the actions after an escalation do not wait
+for it, and its give-up is recorded.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -17,7 +20,7 @@ from aiohttp import web
 
 from actuators.webhook import SIGNATURE_HEADER, verify
 
-from .harness import BackgroundLoop, ClusterAPI, Worker, collect, free_port, lose_gpus
+from .harness import BackgroundLoop, ClusterAPI, Worker, collect, free_port, lose_gpus, produce
 
 pytestmark = pytest.mark.integration
 
@@ -67,8 +70,15 @@ def setup(kafka_bootstrap, tmp_path_factory):
     bg = BackgroundLoop()
     flaky, signed = Sink(bg, fail_first=2), Sink(bg)
     dead_port = free_port()  # nothing listens there
+    mute = socket.socket()  # the kernel takes connections into the backlog; nobody answers
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(64)
     cfg = Path(tmp_path_factory.mktemp("alerts")) / "fleetmedic.toml"
     cfg.write_text(f"""
+[actuators]
+max_attempts = 2
+webhook_url = "http://127.0.0.1:{mute.getsockname()[1]}/hook"
+
 [alerts]
 max_attempts = 4
 base_delay_s = 0.2
@@ -100,6 +110,7 @@ timeout_s = 2
     flaky.close()
     signed.close()
     bg.stop()
+    mute.close()
 
 
 def test_every_verdict_reaches_each_receiver_once_and_a_dead_one_delays_nothing(setup):
@@ -167,3 +178,32 @@ def test_prometheus_metrics_count_what_the_worker_did(setup):
     lag = [v for (n, ls), v in samples.items() if n == "fleetmedic_event_lag_seconds"]
     # wall time minus the newest event time: the test's samples are stamped up to 2 s ahead
     assert lag and all(-5 < v < 120 for v in lag)
+
+
+def test_an_escalation_webhook_that_never_answers_delays_no_later_action(setup):
+    from schemas import PlannedAction, Verdict
+
+    bootstrap, worker, api, flaky, signed = setup
+    api.add_nodes(["esc-0", "esc-1"])
+    now = time.time()
+    esc = Verdict(ts=now, id="v-it-esc", incident="inc-it-esc", scope="node", subject="esc-0",
+                  fault_class="unknown", confidence=0.6,
+                  actions=[PlannedAction(action="escalate", target="esc-0", params={"reason": "lemon"})])
+    iso = Verdict(ts=now, id="v-it-iso", incident="inc-it-iso", scope="node", subject="esc-1",
+                  fault_class="gpu_hardware", confidence=0.9,
+                  actions=[PlannedAction(action="isolate", target="esc-1")])
+    topic = worker.topic("verdicts")
+    # one key, one partition: the isolation is read after the escalation
+    produce(bootstrap, [(topic, "esc", esc.to_json()), (topic, "esc", iso.to_json())])
+    actions = collect(bootstrap, worker.topic("actions"),
+                      lambda rs: any(a["verdict_id"] == "v-it-esc" and a["backend"] == "webhook" for a in rs),
+                      timeout=90)
+    order = [(a["verdict_id"], a["action"], a["backend"], a["outcome"]) for a in actions
+             if a["verdict_id"] in ("v-it-esc", "v-it-iso")]
+    hook = next(i for i, a in enumerate(order) if a[2] == "webhook")
+    isolated = next(i for i, a in enumerate(order) if a[:2] == ("v-it-iso", "isolate"))
+    # the isolation was carried out while the webhook still hung (two attempts of 10 s)
+    assert isolated < hook, order
+    assert order[isolated][3] == "applied"
+    assert order[hook][3] == "failed" and order[hook][1] == "escalate", order
+    assert worker.alive()

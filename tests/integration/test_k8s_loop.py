@@ -70,17 +70,18 @@ def test_xid79_cordons_the_node_moves_the_job_and_returns_the_node_after_diagnos
     job = f"{ns}/train"
     job_started(bootstrap, worker, job)
 
-    # the GPU falls off the bus (the node agent's sample), then the training process dies
+    # the GPU falls off the bus (the node agent's sample) and the training process dies of
+    # it at once, before any drain could evict its pod
     lost = [False] * 8
     lost[2] = True
     produce(bootstrap, [(worker.topic("telemetry.gpu"), "n3", gpu_sample("n3", time.time(), lost=lost, xids=[(2, 79)]))])
+    kubelet.finish(first, failed=True, exit_code=1, reason="Error",
+                   message="RuntimeError: CUDA error: unspecified launch failure")
     wait_for("n3 cordoned and tainted",
              lambda: c.node("n3").spec.unschedulable and (TAINT, "gpu_hardware", "NoSchedule") in c.taints("n3"), 60)
     cond = c.condition("n3", CONDITION_QUARANTINE)
     assert cond.status == "True"
     assert "FleetmedicIsolate" in {e.reason for e in c.events_about("n3")}
-    kubelet.finish(first, failed=True, exit_code=1, reason="Error",
-                   message="RuntimeError: CUDA error: unspecified launch failure")
 
     # the Job controller recreates the pod and the scheduler places it elsewhere
     second = wait_pod(c, ns, "job-name=train",
