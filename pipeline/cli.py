@@ -303,12 +303,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     quality = closed = None
-    if not args.skip_quality:
+    if args.rescore:
+        from .eval.quality import rescore
+
+        say(f"== eval 1/2: detection quality, the run recorded in {args.rescore} scored again")
+        try:
+            quality = rescore(Path(args.rescore), say=say)
+        except ValueError as exc:
+            say(f"error: {exc}")
+            return 2
+    elif not args.skip_quality:
         from .eval.quality import run as run_quality
 
         say("== eval 1/2: detection quality through the real pipeline")
+        records = state_dir("eval") / ("quality_records_quick.json" if args.quick else "quality_records.json")
         quality = run_quality(nodes=args.nodes, hours=args.hours, speed=args.speed, seed=args.seed, quick=args.quick,
-                              inprocess=args.inprocess, bootstrap=args.bootstrap, say=say)
+                              inprocess=args.inprocess, bootstrap=args.bootstrap, records=records, say=say)
     if not args.skip_closed_loop:
         from .eval.closedloop import run as run_closed
 
@@ -490,6 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=1)
     sp.add_argument("--inprocess", action="store_true", help="quality run without Kafka (the same code, one process)")
     sp.add_argument("--skip-quality", action="store_true", help="only the closed loop")
+    sp.add_argument("--rescore", metavar="RECORDS",
+                    help="instead of running the quality part, score the run recorded in RECORDS again (every run "
+                         "records its faults, verdicts and actions in the state dir, eval/quality_records.json)")
     sp.add_argument("--skip-closed-loop", action="store_true", help="only the quality run")
     sp.add_argument("--check", action="store_true", help="exit 1 when an acceptance target is missed")
     sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "eval.json"), help="JSON output path")

@@ -14,8 +14,10 @@ The right verdict for an injected fault (its class from
   node or switch fault is live on the job's nodes is *confounded*: a verdict that blames
   that real fault (a hardware class, and a node it names has a node fault; or the switch
   class, and the switch above a node it names has a fault) is right too, since
-  requeueing off the faulty part is what an operator would do.  Such cases are listed
-  under ``confounded``.  Any hardware class is accepted there: the node's own isolation
+  requeueing off the faulty part is what an operator would do; so is a ``user_error``
+  verdict on a crash of a job whose earlier user bug was not stopped yet (a user bug's
+  own window ends only at the next user bug of its job).  Such cases are listed under
+  ``confounded``.  Any hardware class is accepted there: the node's own isolation
   is scored against its own class.
 
 Precision of a class counts, among the verdicts of that class (the isolating node
@@ -83,7 +85,9 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
     job_faults = sorted((f for f in faults if KIND_CLASS[f.kind] in JOB_CLASSES and f.job), key=lambda f: f.at)
     next_on_job: dict[int, float] = {}
     for i, f in enumerate(job_faults):
-        later = [g.at for g in job_faults[i + 1:] if g.job == f.job]
+        # a user bug stays in the code until the job is stopped: only another user bug ends its
+        # window; a crash's window ends at the next fault of its job
+        later = [g.at for g in job_faults[i + 1:] if g.job == f.job and (f.kind != "user_bug" or g.kind == "user_bug")]
         next_on_job[id(f)] = min(later) if later else float("inf")
 
     for f in faults:
@@ -116,6 +120,9 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
                 elif (real := _explained_by(last, faults, cluster, slack_s)) is not None:
                     hit = last
                     confounded.append(f"{f.kind}@{f.job}: {last['fault_class']} ({real.kind}@{real.node or real.leaf})")
+                elif last["fault_class"] == "user_error" and (bug := _live_user_bug(f, job_faults, vs)) is not None:
+                    hit = last
+                    confounded.append(f"{f.kind}@{f.job}: user_error ({bug.kind}@{bug.job} since {bug.at:.0f} s)")
                 else:
                     wrong_class.append(f"{f.kind}@{f.job}: {last['fault_class']} ({last['actions'][0]['action']})")
         if hit is not None:
@@ -265,6 +272,16 @@ def _explained_by(v: dict[str, Any], faults: list[Fault], cluster: Cluster, slac
                 return f
         elif f.kind in HARDWARE_KINDS and f.node in nodes:
             return f  # the node was faulty; its own verdict is scored against its own class
+    return None
+
+
+def _live_user_bug(f: Fault, job_faults: list[Fault], vs: list[dict[str, Any]]) -> Fault | None:
+    """An earlier user bug of ``f``'s job that no verdict had stopped yet when ``f`` struck."""
+    for g in job_faults:
+        if g.kind == "user_bug" and g.job == f.job and g.at < f.at and not any(
+                v.get("scope") == "job" and v["subject"] == f.job and g.at - 1 <= v["_t"] < f.at
+                and v["actions"][0]["action"] == "stop" for v in vs):
+            return g
     return None
 
 

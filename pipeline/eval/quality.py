@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,13 +148,7 @@ def run(*, nodes: int = 512, hours: float = 7.0, speed: float = 25.0, seed: int 
         verdicts, actions = _run_inprocess(sc, cluster, say)
     else:
         verdicts, actions = _run_kafka(sc, cluster, bootstrap, say, diag)
-    if records is not None:
-        records.parent.mkdir(parents=True, exist_ok=True)
-        faults = [{k: getattr(f, k) for k in ("kind", "at", "node", "leaf", "job", "gpu", "fail_at", "end_at")}
-                  for f in cluster.faults]
-        records.write_text(json.dumps({"t0": cluster.t0, "faults": faults, "events": cluster.events,
-                                       "verdicts": verdicts, "actions": actions}))
-    result = metrics.score(cluster, verdicts, actions)
+    result = metrics.score(cluster, [dict(v) for v in verdicts], actions)
     fault_window_days = sc.nodes * (sc.duration - sc.warmup_s - sc.tail_s) / 86400.0
     result.update({
         "path": "in-process" if inprocess else "kafka+faust",
@@ -164,6 +158,37 @@ def run(*, nodes: int = 512, hours: float = 7.0, speed: float = 25.0, seed: int 
         "verdicts": len(verdicts), "actions": len(actions), "seconds": round(time.perf_counter() - started, 1),
         **diag,
     })
+    if records is not None:
+        records.parent.mkdir(parents=True, exist_ok=True)
+        records.write_text(json.dumps({"scenario": asdict(sc), "t0": cluster.t0,
+                                       "faults": [asdict(f) for f in cluster.faults], "events": cluster.events,
+                                       "verdicts": verdicts, "actions": actions, "result": result}))
+        say(f"quality: every fault, verdict and action in {records} (--rescore reads it)")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    say(table(result))
+    return result
+
+
+def rescore(records: Path, *, out: Path | None = None, say=print) -> dict[str, Any]:
+    """Score a recorded run again (after a change to the scorer), without running it again.
+
+    The cluster's nodes and switches are rebuilt from the recorded scenario (they depend on
+    its seed alone); the faults as they were applied, the cluster's events, the verdicts and
+    the actions come from the file.  What only the run could measure (its duration, the
+    verdicts' lag, CPU) is kept from the recorded result.
+    """
+    try:
+        doc = json.loads(records.read_text())
+        sc = Scenario(**{**doc["scenario"], "ramp_s": tuple(doc["scenario"]["ramp_s"])})
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{records}: not a records file of this evaluation ({exc})") from exc
+    cluster = _cluster(sc)
+    cluster.t0 = doc["t0"]
+    cluster.faults = [Fault(**f) for f in doc["faults"]]
+    cluster.events = doc["events"]
+    result = {**doc["result"], **metrics.score(cluster, doc["verdicts"], doc["actions"]), "rescored_from": str(records)}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
@@ -410,12 +435,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bootstrap", help="use this Kafka broker instead of starting the embedded one")
     p.add_argument("--out", type=Path, help="write the JSON result here")
     p.add_argument("--records", type=Path, help="write every fault, verdict and action here (JSON)")
+    p.add_argument("--rescore", type=Path, metavar="RECORDS",
+                   help="score the run recorded in RECORDS again (no run)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    say = lambda *x: print(*x, file=sys.stderr, flush=True)  # noqa: E731
+    if a.rescore is not None:
+        try:
+            rescore(a.rescore, out=a.out, say=say)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     # a terminated run still stops its worker and the broker it started (the finally blocks)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run(nodes=a.nodes, hours=a.hours, speed=a.speed, seed=a.seed, quick=a.quick, inprocess=a.inprocess,
-        bootstrap=a.bootstrap, out=a.out, records=a.records, say=lambda *x: print(*x, file=sys.stderr, flush=True))
+        bootstrap=a.bootstrap, out=a.out, records=a.records, say=say)
     return 0
 
 

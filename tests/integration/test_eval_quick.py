@@ -45,3 +45,13 @@ def test_quick_eval_runs_both_parts_through_the_real_pipeline(kafka_bootstrap, t
     for png in ("eval_delays.png", "eval_lead_times.png", "eval_policies.png"):
         assert (tmp_path / png).stat().st_size > 10_000
     assert "eval 1/2" in res.stderr and "eval 2/2" in res.stderr
+    # the run is recorded; scoring the record again gives the same result
+    records = tmp_path / "state" / "quality_records_quick.json"
+    again = tmp_path / "rescored.json"
+    res = subprocess.run([sys.executable, "-m", "pipeline.eval.quality", "--rescore", str(records), "--out", str(again)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads(again.read_text())
+    for key in ("by_kind", "by_class", "hw_recall", "hw_precision", "false_isolations", "missed", "wrong_class",
+                "confounded", "lead_s", "verdict_lag_wall_s"):
+        assert r[key] == q[key], key

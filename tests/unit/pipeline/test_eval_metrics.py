@@ -91,3 +91,47 @@ def test_a_user_bug_on_a_job_with_a_real_node_fault_is_not_blamed_on_hardware() 
     r2 = score(c2, [_job_verdict("job-1", 101.0, "gpu_hardware", "requeue", exclude=["node-0001"]),
                     _job_verdict("job-1", 400.0, "user_error", "stop")], [])
     assert r2["user_errors_blamed_on_hardware"] == 1
+
+
+def test_a_crash_while_a_user_bug_is_being_retried_is_confounded_and_the_bug_still_scored() -> None:
+    bug, crash = Fault(kind="user_bug", at=100.0, job="job-1"), Fault(kind="nccl_timeout", at=150.0, job="job-1")
+    c = _cluster([bug, crash])
+    vs = [_job_verdict("job-1", 121.0, "transient_software", "retry"),  # the traceback's first failure
+          _job_verdict("job-1", 160.0, "transient_software", "retry"),  # the crash
+          _job_verdict("job-1", 400.0, "user_error", "stop")]           # the bug again: stopped
+    r = score(c, vs, [])
+    assert r["by_kind"]["user_bug"]["right"] == 1  # its window runs past the crash to the stop
+    assert r["by_kind"]["nccl_timeout"]["right"] == 1
+    assert r["confounded"] == ["nccl_timeout@job-1: user_error (user_bug@job-1 since 100 s)"]
+    assert r["user_errors_stopped"] == 1 and r["wrong_class"] == []
+
+
+def test_a_crash_after_the_user_bug_was_stopped_is_not_confounded() -> None:
+    bug, crash = Fault(kind="user_bug", at=100.0, job="job-1"), Fault(kind="nccl_timeout", at=500.0, job="job-1")
+    c = _cluster([bug, crash])
+    vs = [_job_verdict("job-1", 121.0, "user_error", "retry"), _job_verdict("job-1", 300.0, "user_error", "stop"),
+          _job_verdict("job-1", 510.0, "user_error", "stop")]
+    r = score(c, vs, [])
+    assert r["by_kind"]["nccl_timeout"]["right"] == 0
+    assert r["wrong_class"] == ["nccl_timeout@job-1: user_error (stop)"]
+
+
+def test_rescoring_a_file_that_is_not_a_record_names_it(tmp_path) -> None:
+    import pytest
+
+    from pipeline.eval.quality import rescore
+
+    bad = tmp_path / "verdicts.json"
+    bad.write_text('{"verdicts": []}')
+    with pytest.raises(ValueError, match="verdicts.json: not a records file"):
+        rescore(bad, say=lambda *a: None)
+
+
+def test_a_recorded_in_process_run_rescored_gives_the_same_result(tmp_path) -> None:
+    from pipeline.eval.quality import rescore, run
+
+    rec = tmp_path / "records.json"
+    first = run(quick=True, inprocess=True, records=rec, say=lambda *a: None)
+    again = rescore(rec, say=lambda *a: None)
+    assert again.pop("rescored_from") == str(rec)
+    assert again == first and first["faults"] > 0
