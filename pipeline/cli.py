@@ -329,7 +329,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out.write_text(json.dumps(ev, indent=2) + "\n")
     for p in report.plots(ev, out.parent):
         say(f"plot: {p}")
-    if not args.quick:
+    default_out = ROOT / "bench" / "results" / "eval.json"
+    if args.quick:
+        pass
+    elif quality is None or closed is None or out.resolve() != default_out.resolve():
+        say(f"summary: {report.README} left as it was (it is written from a full run of both parts to {default_out})")
+    else:
         report.write_readme(ev, report.load("nab.json", out.parent))
         say(f"summary: {report.README}")
     say(f"results: {out}")
@@ -505,7 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "records its faults, verdicts and actions in the state dir, eval/quality_records.json)")
     sp.add_argument("--skip-closed-loop", action="store_true", help="only the quality run")
     sp.add_argument("--check", action="store_true", help="exit 1 when an acceptance target is missed")
-    sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "eval.json"), help="JSON output path")
+    sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "eval.json"),
+                    help="JSON output path (bench/README.md's summary is written only for the default path)")
     sp.set_defaults(func=cmd_eval)
 
     sp = sub.add_parser("eval-nab", help="the univariate detector on NAB, scored by a scorer checked against NAB's own",
