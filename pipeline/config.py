@@ -101,6 +101,10 @@ class PolicySettings(_Section):
         1.0, gt=0, description="blame, summed over those jobs (1/nodes of each job), that isolates the node: a "
                                "failure of a 2-node job puts 0.5 on each node, one of a 512-node job almost none")
     repeat_failure_window_s: float = Field(6 * 3600.0, gt=0)
+    repeat_origin_failures: int = Field(
+        3, ge=2, description="unattributed failures that began on one node (the scheduler's first failed worker) "
+                             "within repeat_origin_window_s that make it suspect, whatever the jobs' sizes")
+    repeat_origin_window_s: float = Field(24 * 3600.0, gt=0)
     user_error_retries: int = Field(1, ge=0, description="retries of a repeating traceback before stop")
     transient_retries: int = Field(3, ge=0, description="retries of a transient fault before requeue")
     checkpoint_deadline_s: float = Field(

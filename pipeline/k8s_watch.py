@@ -148,7 +148,8 @@ class PodJobTracker:
             events.append(JobEvent(
                 event=JobEventKind.failed, nodes=nodes, attempt=st.attempt,
                 exit_code=_clamp_exit(getattr(term, "exit_code", None)), reason=reason[:MAX_TEXT],
-                log_tail=(getattr(term, "message", None) or None) and term.message[-MAX_TEXT:], **base,
+                log_tail=(getattr(term, "message", None) or None) and term.message[-MAX_TEXT:],
+                origin_node=node or None, **base,  # the job's first pod to fail ran there
             ))
             st.attempt += 1
             st.started_nodes = ()

@@ -254,9 +254,20 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
         return Decision()
     if n.kind == "job_failed":
         share = 1.0 / n.job_nodes if n.job_nodes else 1.0
-        h["failed_jobs"] = (h["failed_jobs"] + [[n.ts, n.job, n.signature, share]])[-MAX_KEPT:]
+        h["failed_jobs"] = (h["failed_jobs"] + [[n.ts, n.job, n.signature, share, n.origin, n.attempt]])[-MAX_KEPT:]
         if h["state"] in OUT_OF_POOL:
             return Decision()
+        # failures (job, attempt) whose first failed worker ran here: the node where failures keep
+        # beginning is suspect, and a job's size does not dilute that
+        lo = n.ts - cfg.repeat_origin_window_s
+        began_here = {(j, rest[3]) for t, j, *rest in h["failed_jobs"] if t >= lo and len(rest) > 3 and rest[2]}
+        if len(began_here) >= cfg.repeat_origin_failures:
+            began = sorted(began_here)
+            incident = stable_id("node", node, "origin", *(f"{j}#{a}" for j, a in began))
+            evidence = {"failures_began_here": [list(x) for x in began], "window_s": cfg.repeat_origin_window_s,
+                        "failed_jobs": sorted({j for j, _ in began}), "anomalies": []}
+            h["job"] = h.get("job") or n.job
+            return _isolate_node(h, node, n.ts, FaultClass.unknown, evidence, confidence=0.7, incident=incident, hard=True)
         lo = n.ts - cfg.repeat_failure_window_s
         blame: dict[str, float] = {}
         for t, j, *rest in h["failed_jobs"]:
@@ -430,7 +441,7 @@ def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySe
                 d.node_notices.append(
                     NodeNotice(ts=ts, node=n, kind="job_failed", job=hist["job"], attempt=failure["attempt"],
                                reason=failure["reason"], signature=failure["signature"],
-                               job_nodes=max(1, len(failure["nodes"])))
+                               job_nodes=max(1, len(failure["nodes"])), origin=n == failure.get("origin"))
                 )
     hist["decided"] = (hist["decided"] + [failure["attempt"]])[-MAX_KEPT:]
     hist["pending"] = None
@@ -492,6 +503,7 @@ def job_on_event(hist: dict[str, Any], e: JobEvent, cfg: PolicySettings, wall_no
     failure = {
         "attempt": e.attempt, "ts": e.ts, "signature": failure_signature(e), "hint": _classify_text(e),
         "reason": (e.reason or "")[:300], "exit_code": e.exit_code, "nodes": nodes,
+        "origin": e.origin_node if e.origin_node in nodes else None,
     }
     hist["failures"] = (hist["failures"] + [failure])[-MAX_KEPT:]
     hist["status"] = "failed"

@@ -214,6 +214,7 @@ class Cluster:
     def __init__(self, cfg: SimConfig, t0: float | None = None) -> None:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
+        self.origin_rng = random.Random(cfg.seed + 7919)  # its own stream: the rest of a seeded run is unchanged
         self.np_rng = np.random.default_rng(cfg.seed)
         self.t0 = t0 if t0 is not None else time.time()
         self.now = 0.0
@@ -293,14 +294,19 @@ class Cluster:
             if self.nodes[n].job == j.id:
                 self.nodes[n].job = None
 
-    def fail_job(self, j: Job, reason: str, exit_code: int, log_tail: str) -> None:
+    def fail_job(self, j: Job, reason: str, exit_code: int, log_tail: str, origin: str | None = None) -> None:
+        """``origin``: the node whose worker failed first (a node fault's node); else one of the
+        job's nodes at random, as for a crash or a timeout that any rank may report first."""
         if j.status != "running":
             return
+        if origin is None and j.nodes:
+            origin = self.origin_rng.choice(sorted(j.nodes))
         # A failed gang-scheduled job keeps its allocation until someone decides: its
         # controller restarts it in place (retry) or it is requeued elsewhere.
         j.status = "failed"
         j.failed_at = self.now
-        self.job_event(j, "failed", step=int(j.step), exit_code=exit_code, reason=reason, log_tail=log_tail)
+        self.job_event(j, "failed", step=int(j.step), exit_code=exit_code, reason=reason, log_tail=log_tail,
+                       origin_node=origin)
         self.counts["job_failures"] += 1
 
     # -------------------------------------------------------------------------- faults
@@ -393,7 +399,7 @@ class Cluster:
 
     def _fail_jobs_on(self, node: Node, reason: str, log_tail: str) -> None:
         if node.job:
-            self.fail_job(self.jobs[node.job], reason, 1, log_tail)
+            self.fail_job(self.jobs[node.job], reason, 1, log_tail, origin=node.name)
 
     # -------------------------------------------------------------------------- time
 

@@ -287,6 +287,10 @@ class JobEvent(Record):
     reason: str | None = Field(None, max_length=MAX_TEXT)
     log_tail: str | None = Field(None, max_length=MAX_TEXT)
     exclude: list[NodeName] = Field(default_factory=list, description="nodes this attempt must avoid")
+    origin_node: NodeName | None = Field(
+        None, description="failed: the node whose worker failed first, when the scheduler tells (torchrun's root "
+                          "cause host, the job's first pod to fail, Slurm's first failed task)"
+    )
     diagnostics_for: NodeName | None = Field(
         None, description="set on diagnostics jobs: the node under test (its outcome returns or fails the node)"
     )
@@ -387,6 +391,8 @@ class NodeNotice(Record):
     signature: str | None = None
     #: job_failed: how many nodes the failed job ran on (its blame is shared among them)
     job_nodes: int | None = Field(None, ge=1)
+    #: job_failed: the failure began on this node (the job's ``origin_node``)
+    origin: bool = False
 
 
 class JobNotice(Record):

@@ -20,7 +20,9 @@ is then run with each of four policies acting:
   The fleet-level simulation applies those outcomes.  Across incidents it keeps one real
   node-health state per node and passes it through the real policy functions
   (:func:`pipeline.policy.node_on_notice`): ``job_failed`` notices of unattributed failures
-  (the repeat-failure rule) and ``diag_passed`` / ``diag_failed`` notices (the lemon rule).
+  (the repeat-failure rules: a node in many small failed jobs, or the node failures keep
+  beginning on, which the scheduler reports for every cause but silent data corruption,
+  ``field.toml`` ``[hidden]``) and ``diag_passed`` / ``diag_failed`` notices (the lemon rule).
 * ``manual``: a person notices every failure, finds its cause and fixes it after a delay
   drawn from the documented human-delay distribution; the job holds its nodes meanwhile.
 * ``naive_cordon``: every node of a failed job is cordoned at once and the job requeued
@@ -298,6 +300,7 @@ class Fleet:
         # separate streams so that a policy's own choices do not shift the shared sequence
         self.lemon_rng = np.random.default_rng([seed, 11])
         self.hidden_rng = np.random.default_rng([seed, 13])
+        self.origin_rng = np.random.default_rng([seed, 17])
         self.gpus = fld.gpus_per_node
         self.nodes = [NodeState(i, lemon=i in lemons) for i in range(nodes)]
         self.slots: list[Slot] = []
@@ -737,13 +740,20 @@ class Fleet:
             self.counts["no_verdict"] += 1
             self._call_person(s, node, persistent, inc)
             return
-        # retry, restart or requeue without node evidence: the repeat-failure rule hears of it
-        # (as the job track does: not for a Python traceback, and each node carries 1/size of the blame)
+        # retry, restart or requeue without node evidence: the repeat-failure rules hear of it
+        # (as the job track does: not for a Python traceback; each node carries 1/size of the
+        # blame, the node the failure began on is told so)
         unattributed = o.get("job_class") in ("transient_software", "unknown") and inc.kind != "user_bug"
+        # the node the failure began on (the scheduler's first failed worker): the incident's,
+        # but for hidden faults it cannot be traced to (field.toml [hidden] origin_known)
+        origin = node
+        if unattributed and inc.kind == "hidden" and inc.cause not in self.f.hidden_origin_known:
+            origin = s.nodes[int(self.origin_rng.integers(len(s.nodes)))]
         for m in list(s.nodes) if unattributed else []:
             h = self.nodes[m].health
             d = policy.node_on_notice(h, NodeNotice(ts=T0 + t, node=str(m), kind="job_failed", job=f"job-{s.id}",
-                                                    attempt=s.restarts + 1, job_nodes=len(s.nodes)), self.ps)
+                                                    attempt=s.restarts + 1, job_nodes=len(s.nodes),
+                                                    origin=m == origin), self.ps)
             if any(a.action.value == "isolate" for v in d.verdicts for a in v.actions):
                 self.counts["repeat_rule_isolations"] += 1
                 if self.nodes[m].broken is not None:

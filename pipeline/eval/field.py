@@ -55,6 +55,8 @@ class Field:
     lemon_share: float
     lemon_recurrence_hours: float
     hidden_recurrence_hours: float
+    #: causes of hidden faults whose failures the scheduler traces to the node (origin_node)
+    hidden_origin_known: tuple[str, ...]
     ramps: dict[str, float]
     warmup_s: int
     gpu_every_s: int
@@ -165,6 +167,7 @@ def parse(d: dict[str, Any]) -> Field:
         lemon_share=float(_num(d, "lemons", "share_of_nodes", lo_open=False, hi=1.0)),
         lemon_recurrence_hours=float(_num(d, "lemons", "recurrence_mean_hours")),
         hidden_recurrence_hours=float(_num(d, "hidden", "recurrence_mean_hours")),
+        hidden_origin_known=_origin_known(d, causes),
         ramps=ramps,
         warmup_s=_num(d, "ramps", "warmup_s", integer=True, lo=0, lo_open=False),
         gpu_every_s=_num(d, "ramps", "gpu_every_s", integer=True, hi=60),
@@ -172,6 +175,18 @@ def parse(d: dict[str, Any]) -> Field:
         raw=d,
     )
     return f
+
+
+def _origin_known(d: dict[str, Any], causes: list[Cause]) -> tuple[str, ...]:
+    names = _get(d, "hidden", "origin_known")
+    hidden = {c.name for c in causes if "hidden" in c.kinds}
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError("hidden.origin_known: expected a list of cause names")
+    for n in names:
+        if n not in hidden:
+            raise ValueError(f"hidden.origin_known: {n!r} is not a cause of hidden faults; those are: "
+                             f"{', '.join(sorted(hidden))}")
+    return tuple(names)
 
 
 def load(path: Path | str | None = None) -> Field:

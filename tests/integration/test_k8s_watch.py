@@ -64,6 +64,7 @@ def test_job_life_becomes_job_records_across_watch_reconnects(kubeconfig: str) -
     started1, failed, started2, _done = events
     assert started1.nodes == [first.spec.node_name]
     assert failed.exit_code == 3 and failed.nodes == [first.spec.node_name]
+    assert failed.origin_node == first.spec.node_name  # the pod that failed ran there
     assert "unspecified launch failure" in (failed.log_tail or "")
     assert started2.nodes == [second.spec.node_name]
     stats = watcher.stats

@@ -159,3 +159,39 @@ def test_degrading_node_is_isolated_before_its_scheduled_failure(loop):
     assert api.state(lambda c: c.nodes[bad].cordoned)
     # healthy peers of the same job keep their place
     assert not [x for x in verdicts if x["scope"] == "node" and x["subject"] in nodes and x["subject"] != bad]
+
+
+def test_the_node_failures_keep_beginning_on_is_isolated_after_the_third(loop):
+    # a host part with no telemetry (a failing power supply): the job crashes again and again,
+    # each time first on the same node; nothing else points at it
+    bootstrap, worker, api = loop
+    nodes = [f"to-{i}" for i in range(4)]
+    bad = nodes[1]
+    job = "job-origin"
+    api.add_nodes(nodes)
+    api.add_job(job, nodes, status="failed")
+    t0 = time.time() - 900
+    _healthy(bootstrap, worker, nodes, t0, 20)
+    topic = worker.topic("telemetry.job")
+    for attempt in (1, 2, 3):
+        t = t0 + 200 * attempt
+        produce(bootstrap, [
+            (topic, job, job_event(job, "started", t, nodes, attempt=attempt)),
+            (topic, job, job_event(job, "failed", t + 60, nodes, attempt=attempt, exit_code=-9,
+                                   reason="worker process exited with signal 9", origin_node=bad,
+                                   log_tail="signal 9 (SIGKILL) received by PID 4711")),
+        ])
+        # each failure is judged (retried) before the next attempt starts
+        collect(bootstrap, worker.topic("verdicts"),
+                lambda rs, a=attempt: sum(1 for v in rs if v["subject"] == job) >= a, timeout=60)
+    verdicts = _verdicts(bootstrap, worker, lambda rs: any(v["subject"] == bad for v in rs))
+    [nv] = [v for v in verdicts if v["scope"] == "node" and v["subject"] in nodes]
+    assert nv["subject"] == bad and nv["fault_class"] == "unknown"
+    assert [a["action"] for a in nv["actions"]][:1] == ["isolate"]
+    assert [f[1] for f in nv["evidence"]["failures_began_here"]] == [1, 2, 3]
+    job_v = [v for v in verdicts if v["subject"] == job]
+    assert [v["fault_class"] for v in job_v[:3]] == ["transient_software"] * 3
+    wait = time.time() + 30
+    while time.time() < wait and not api.state(lambda c: c.nodes[bad].cordoned):
+        time.sleep(0.3)
+    assert api.state(lambda c: [c.nodes[n].cordoned for n in nodes]) == [n == bad for n in nodes]

@@ -38,6 +38,8 @@ def test_field_loads_with_published_numbers():
     (("causes", "gsp", "count"), 18, "causes"),
     (("causes", "nic", "percent"), 9.0, "causes.nic.percent"),
     (("scenario", "nodes"), "many", "scenario.nodes"),
+    (("hidden", "origin_known"), ["gsp"], "hidden.origin_known"),
+    (("hidden", "origin_known"), "host_hardware", "hidden.origin_known"),
 ])
 def test_bad_value_names_the_field(raw, path, value, needle):
     d = copy.deepcopy(raw)

@@ -85,8 +85,21 @@ def test_an_nccl_timeout_without_node_evidence_is_retried_and_counted_against_ea
     v, a = _only(d)
     assert a.action is ActionName.retry
     assert v.fault_class is FaultClass.transient_software
-    assert [(n.node, n.kind, n.job, n.job_nodes) for n in d.node_notices] == [
-        (n, "job_failed", JOB, len(NODES)) for n in NODES]
+    assert [(n.node, n.kind, n.job, n.job_nodes, n.origin) for n in d.node_notices] == [
+        (n, "job_failed", JOB, len(NODES), False) for n in NODES]
+
+
+def test_the_node_a_failure_began_on_is_told_so(cfg) -> None:
+    hist = _running(cfg)
+    _fail(hist, cfg, T0 + 6, **NCCL, origin_node=NODES[1])
+    tick = JobNotice(ts=T0 + 9, job=JOB, node="-", kind="tick", fault_class=FaultClass.unknown, incident="-")
+    d = job_on_notice(hist, tick, cfg, WALL + GRACE)
+    assert [n.node for n in d.node_notices if n.origin] == [NODES[1]]
+    # an origin outside the job's nodes (a stale or foreign name) tells no node
+    hist = _running(cfg)
+    _fail(hist, cfg, T0 + 6, **NCCL, origin_node="node-9999")
+    d = job_on_notice(hist, tick, cfg, WALL + GRACE)
+    assert not [n for n in d.node_notices if n.origin]
 
 
 def test_a_node_fault_arriving_while_a_failure_waits_decides_hardware_at_once(cfg) -> None:

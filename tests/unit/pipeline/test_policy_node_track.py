@@ -149,6 +149,38 @@ def test_failures_of_small_jobs_carry_enough_blame_to_isolate(cfg) -> None:
     assert ActionName.isolate in _actions(v) and v.evidence["blame"] == 1.25
 
 
+def test_failures_that_keep_beginning_on_one_node_isolate_it_whatever_the_job_size(cfg) -> None:
+    # one 512-node job restarted in place fails three times, each time first on this node
+    h = new_node_health()
+    ds = [node_on_notice(h, node_notice(NODE, "job_failed", "job-a", T0 + 3600 * i, job_nodes=512, origin=True,
+                                        attempt=i + 1), cfg) for i in range(3)]
+    assert ds[0].verdicts == ds[1].verdicts == []
+    [v] = ds[2].verdicts
+    assert ActionName.isolate in _actions(v) and ActionName.diagnose in _actions(v)
+    assert v.fault_class is FaultClass.unknown
+    assert v.evidence["failures_began_here"] == [["job-a", 1], ["job-a", 2], ["job-a", 3]]
+    assert h["state"] == ISOLATED
+
+
+def test_a_replayed_failure_or_one_begun_elsewhere_does_not_count_as_beginning_here(cfg) -> None:
+    h = new_node_health()
+    notices = [node_notice(NODE, "job_failed", "job-a", T0, job_nodes=512, origin=True, attempt=1),
+               node_notice(NODE, "job_failed", "job-a", T0 + 5, job_nodes=512, origin=True, attempt=1),  # replayed
+               node_notice(NODE, "job_failed", "job-a", T0 + 3600, job_nodes=512, origin=False, attempt=2),
+               node_notice(NODE, "job_failed", "job-a", T0 + 7200, job_nodes=512, origin=True, attempt=3)]
+    assert all(node_on_notice(h, n, cfg).verdicts == [] for n in notices)
+    assert h["state"] != ISOLATED
+
+
+def test_failures_that_began_here_longer_ago_than_the_origin_window_do_not_count(cfg) -> None:
+    h = new_node_health()
+    step = cfg.repeat_origin_window_s / 2 + 1
+    for i in range(4):
+        d = node_on_notice(h, node_notice(NODE, "job_failed", "job-a", T0 + step * i, job_nodes=512, origin=True,
+                                          attempt=i + 1), cfg)
+        assert d.verdicts == []
+
+
 def test_job_failures_older_than_the_repeat_window_do_not_count(cfg) -> None:
     h = new_node_health()
     step = cfg.repeat_failure_window_s / 2 + 1
