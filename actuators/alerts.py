@@ -46,7 +46,7 @@ from schemas import ActionName, ActionRecord, FaultClass, Outcome, Verdict
 
 from .base import PermanentError
 from .retry import RetriesExhausted, RetryPolicy, call_with_retry
-from .webhook import post_signed
+from .webhook import post_signed, remember
 
 log = logging.getLogger(__name__)
 
@@ -192,20 +192,13 @@ class AlertDispatcher:
             if v.id in self._seen[r.name]:
                 self.stats["duplicates"] += 1
                 continue
-            self._mark(r.name, v.id)  # queued counts as seen: a replayed verdict is not queued twice
+            remember(self._seen[r.name], v.id, self.remember)  # queued counts as seen: not queued twice
             try:
                 self._queues[r.name].put_nowait(v)
             except asyncio.QueueFull:
                 self.stats["queue_full"] += 1
                 self._seen[r.name].pop(v.id, None)
                 self._report(r, v, Outcome.failed, f"alert queue of {r.name} full ({self.queue_size}); not delivered", 0)
-
-    def _mark(self, name: str, vid: str) -> None:
-        seen = self._seen[name]
-        seen[vid] = None
-        seen.move_to_end(vid)
-        while len(seen) > self.remember:
-            seen.popitem(last=False)
 
     # ------------------------------------------------------------------ delivery
 

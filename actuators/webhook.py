@@ -48,6 +48,14 @@ def verify(secret: str | bytes, body: bytes, signature: str) -> bool:
     return hmac.compare_digest(sign(secret, body), signature)
 
 
+def remember(seen: OrderedDict[str, None], key: str, limit: int) -> None:
+    """Mark ``key`` in ``seen`` as newest; beyond ``limit`` keys the oldest are forgotten."""
+    seen[key] = None
+    seen.move_to_end(key)
+    while len(seen) > limit:
+        seen.popitem(last=False)
+
+
 def _retry_after(value: str | None) -> float | None:
     if value is None:
         return None
@@ -150,12 +158,6 @@ class WebhookNotifier:
             self._owns_session = True
         return self._session
 
-    def _remember(self, key: str) -> None:
-        self._delivered[key] = None
-        self._delivered.move_to_end(key)
-        while len(self._delivered) > self.remember:
-            self._delivered.popitem(last=False)
-
     async def apply(self, request: ActionRequest) -> ActionResult:
         """Observe: was this key delivered already?  Act: POST it.  Report the answer."""
         if not self.supports(request.action):
@@ -168,7 +170,7 @@ class WebhookNotifier:
                 if key in self._delivered:
                     return ActionResult(Outcome.already_so, f"notification {key} already delivered")
                 result = await self._post(request)
-                self._remember(key)
+                remember(self._delivered, key, self.remember)
                 return result
         finally:
             lock, users = self._locks[key]

@@ -202,3 +202,16 @@ async def test_supports_escalate_only_unless_told_otherwise(receiver: Receiver) 
         for n in (only, every, chosen):
             await n.close()
     assert len(receiver.received) == 1
+
+
+async def test_remember_keeps_the_newest_keys_and_forgets_the_oldest() -> None:
+    from collections import OrderedDict
+
+    from actuators.webhook import remember
+
+    seen: OrderedDict[str, None] = OrderedDict()
+    for k in ("a", "b", "c"):
+        remember(seen, k, 3)
+    remember(seen, "a", 3)  # seen again: now the newest
+    remember(seen, "d", 3)
+    assert list(seen) == ["c", "a", "d"]
