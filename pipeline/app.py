@@ -125,7 +125,7 @@ def build_alerts(s: Settings, on_outcome: Any) -> Any:
         on_outcome=on_outcome, retry=RetryPolicy(max_attempts=a.max_attempts, base_delay=a.base_delay_s,
                                                  max_delay=a.max_delay_s),
         source=s.kafka.app_id, external_url=a.external_url, queue_size=a.queue_size,
-        want=lambda v: v.fault_class.value not in skip,
+        want=lambda v: v.fault_class not in skip,
     )
 
 

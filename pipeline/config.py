@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from schemas import FaultClass
+
 
 def state_dir(default: str) -> Path:
     """The directory a command keeps its services' state in: ``$FLEETMEDIC_STATE``, else
@@ -195,24 +197,13 @@ class AlertSettings(_Section):
     """Alert webhooks: every verdict (except the excluded classes) to every receiver, once."""
 
     webhooks: list[WebhookSettings] = Field(default_factory=list)
-    exclude_classes: list[str] = Field(
-        ["transient_software"], description="fault classes that do not alert (a retried crash is not news)")
+    exclude_classes: list[FaultClass] = Field(
+        [FaultClass.transient_software], description="fault classes that do not alert (a retried crash is not news)")
     external_url: str = Field("", description="this worker's URL as receivers reach it (links in alerts)")
     max_attempts: int = Field(8, ge=1, le=100, description="deliveries tried per verdict and receiver")
     base_delay_s: float = Field(0.5, ge=0)
     max_delay_s: float = Field(60.0, ge=0)
     queue_size: int = Field(10000, ge=1, description="verdicts waiting per receiver before new ones are refused (and reported)")
-
-    @field_validator("exclude_classes")
-    @classmethod
-    def _known_classes(cls, v: list[str]) -> list[str]:
-        from schemas import FaultClass
-
-        known = {c.value for c in FaultClass}
-        bad = [x for x in v if x not in known]
-        if bad:
-            raise ValueError(f"unknown fault classes {bad}; known: {', '.join(sorted(known))}")
-        return v
 
     @field_validator("webhooks")
     @classmethod

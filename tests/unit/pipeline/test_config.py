@@ -87,3 +87,17 @@ def test_faust_data_lives_under_the_state_dir_never_the_working_directory(tmp_pa
     assert (tmp_path / "state" / "faust").is_dir()  # Faust itself makes only the last level
     explicit = load_settings(environ={"FLEETMEDIC_WORKER__DATA_DIR": str(tmp_path / "elsewhere")})
     assert data_dir(explicit) == tmp_path / "elsewhere"
+
+
+def test_alert_settings_refuse_an_unknown_fault_class_and_twin_receivers(tmp_path: Path) -> None:
+    path = tmp_path / "fleetmedic.toml"
+    path.write_text('[alerts]\nexclude_classes = ["transient_software", "cosmic_rays"]\n')
+    with pytest.raises(ConfigError) as err:
+        load_settings(path, environ={})
+    assert "alerts.exclude_classes" in str(err.value) and "cosmic_rays" in str(err.value)
+    path.write_text('[[alerts.webhooks]]\nname = "a"\nurl = "http://127.0.0.1:1/"\n\n'
+                    '[[alerts.webhooks]]\nname = "a"\nurl = "http://127.0.0.1:2/"\n')
+    with pytest.raises(ConfigError, match="unique"):
+        load_settings(path, environ={})
+    path.write_text('[alerts]\nexclude_classes = ["user_error"]\n')
+    assert load_settings(path, environ={}).alerts.exclude_classes == ["user_error"]
