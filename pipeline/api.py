@@ -1,9 +1,10 @@
 """The operator API: JSON over HTTP on the worker's web server (``docs/openapi.yaml``).
 
 Reading needs the ``viewer`` role, changing needs ``operator`` (see :mod:`pipeline.auth`).
-Every change an operator makes is a verdict of scope ``operator`` on the ``verdicts``
-topic, carried out by the actuation agent like any other, so each one is also an
-``actions`` record (who asked is in the verdict's evidence and the action's reason):
+Every change an operator makes is a verdict (id ``op-...``) on the ``verdicts`` topic,
+carried out by the actuation agent like any other, so each one is also an ``actions``
+record (who asked is in the verdict's evidence and the action's parameters); a change
+to a node's state also tells the node track (``operator_return`` / ``operator_hold``):
 
 * ``POST /api/v1/nodes/{node}/return``: return a node to service (uncordon / resume);
 * ``POST /api/v1/nodes/{node}/hold``: hold a node out (isolate and drain); an operator's
@@ -241,25 +242,30 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
         async def get(self, request: Any, who: Any) -> Any:
             return self.json({"held": list(ctx.held.values())})
 
+    async def decide(node: str, acts: list[tuple[ActionName, str, dict[str, Any]]], who: Any, why: str,
+                     notice: str | None = None, **evidence: Any) -> Verdict:
+        """Send the operator's verdict; with ``notice`` (a NodeNotice kind), tell the node
+        track first, so the node's state has changed before the actions are carried out."""
+        v = operator_verdict(node, acts, who.subject, why, **evidence)
+        if notice is not None:
+            await ctx.send_node_notice(NodeNotice(ts=v.ts, node=node, kind=notice, job="-",  # type: ignore[arg-type]
+                                                  reason=f"{why} by {who.subject}", signature=v.id))
+        await ctx.send_verdict(v)
+        return v
+
     @page(f"{API}/nodes/{{node}}/return")
     class ReturnNode(faust.web.View):
         @needs("operator")
         async def post(self, request: Any, who: Any, node: str) -> Any:
-            v = operator_verdict(node, [(ActionName.return_, node, {})], who.subject, "return to service")
-            await ctx.send_node_notice(NodeNotice(ts=v.ts, node=node, kind="operator_return", job="-",
-                                                  reason=f"returned by {who.subject}", signature=v.id))
-            await ctx.send_verdict(v)
+            v = await decide(node, [(ActionName.return_, node, {})], who, "return to service", "operator_return")
             return self.json({"verdict": v.id, "node": node, "requested": "return"}, status=202)
 
     @page(f"{API}/nodes/{{node}}/hold")
     class HoldNode(faust.web.View):
         @needs("operator")
         async def post(self, request: Any, who: Any, node: str) -> Any:
-            v = operator_verdict(node, [(ActionName.isolate, node, {"reason": "held out by an operator"}),
-                                        (ActionName.drain, node, {})], who.subject, "hold out")
-            await ctx.send_node_notice(NodeNotice(ts=v.ts, node=node, kind="operator_hold", job="-",
-                                                  reason=f"held out by {who.subject}", signature=v.id))
-            await ctx.send_verdict(v)
+            v = await decide(node, [(ActionName.isolate, node, {"reason": "held out by an operator"}),
+                                    (ActionName.drain, node, {})], who, "hold out", "operator_hold")
             return self.json({"verdict": v.id, "node": node, "requested": "hold"}, status=202)
 
     async def resolve(view: faust.web.View, who: Any, key: str, approve: bool) -> Any:
@@ -269,16 +275,12 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
         ctx.resolved.add(key)
         node = a["target"]
         if approve:
-            acts = [(ActionName.isolate, node, {"reason": "held isolation approved"}), (ActionName.drain, node, {}),
-                    (ActionName.diagnose, node, {})]
+            v = await decide(node, [(ActionName.isolate, node, {"reason": "held isolation approved"}),
+                                    (ActionName.drain, node, {}), (ActionName.diagnose, node, {})],
+                             who, "approve held isolation", "operator_hold", held=key, held_verdict=a.get("verdict_id"))
         else:
-            acts = [(ActionName.escalate, node, {"reason": "held isolation rejected", "alert_only": True})]
-        v = operator_verdict(node, acts, who.subject, "approve held isolation" if approve else "reject held isolation",
-                             held=key, held_verdict=a.get("verdict_id"))
-        if approve:
-            await ctx.send_node_notice(NodeNotice(ts=v.ts, node=node, kind="operator_hold", job="-",
-                                                  reason=f"held isolation approved by {who.subject}", signature=v.id))
-        await ctx.send_verdict(v)
+            v = await decide(node, [(ActionName.escalate, node, {"reason": "held isolation rejected", "alert_only": True})],
+                             who, "reject held isolation", held=key, held_verdict=a.get("verdict_id"))
         return view.json({"verdict": v.id, "held": key, "approved": approve}, status=202)
 
     @page(f"{API}/held/{{key}}/approve")
@@ -309,10 +311,9 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
             except Exception:
                 return self.json({"error": 'body must be {"enabled": true|false}'}, status=400)
             ctx.set_dry_run(enabled)
-            v = operator_verdict("fleet", [(ActionName.escalate, "fleet", {"reason": f"dry-run {'on' if enabled else 'off'}",
-                                                                             "alert_only": True, "dry_run": enabled})],
-                                 who.subject, f"dry-run {'on' if enabled else 'off'}")
-            await ctx.send_verdict(v)
+            why = f"dry-run {'on' if enabled else 'off'}"
+            v = await decide("fleet", [(ActionName.escalate, "fleet", {"reason": why, "alert_only": True,
+                                                                       "dry_run": enabled})], who, why)
             return self.json({"dry_run": enabled, "verdict": v.id})
 
     return routes
