@@ -135,6 +135,16 @@ def _anomaly_brief(a: Anomaly) -> list[Any]:
     return [a.ts, a.kind, a.fault_class.value, a.severity.value, a.id, a.gpu, round(float(a.score), 4)]
 
 
+def _kept_failures(h: dict[str, Any]) -> list[tuple[float, str, tuple[float, bool, int]]]:
+    """A node's kept job failures as (ts, job, (blame share, began here, attempt)); entries
+    kept before a field existed read as the whole blame, not begun here."""
+    out = []
+    for t, j, *rest in h["failed_jobs"]:
+        _sig, share, origin, attempt = rest + [None, 1.0, False, 0][len(rest):]
+        out.append((t, j, (share, bool(origin), attempt)))
+    return out
+
+
 def _isolate_node(
     h: dict[str, Any], node: str, ts: float, fault_class: FaultClass, evidence: dict[str, Any], *,
     confidence: float, incident: str, hard: bool,
@@ -257,10 +267,11 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
         h["failed_jobs"] = (h["failed_jobs"] + [[n.ts, n.job, n.signature, share, n.origin, n.attempt]])[-MAX_KEPT:]
         if h["state"] in OUT_OF_POOL:
             return Decision()
+        failed = _kept_failures(h)
         # failures (job, attempt) whose first failed worker ran here: the node where failures keep
         # beginning is suspect, and a job's size does not dilute that
         lo = n.ts - cfg.repeat_origin_window_s
-        began_here = {(j, rest[3]) for t, j, *rest in h["failed_jobs"] if t >= lo and len(rest) > 3 and rest[2]}
+        began_here = {(j, attempt) for t, j, (_, origin, attempt) in failed if t >= lo and origin}
         if len(began_here) >= cfg.repeat_origin_failures:
             began = sorted(began_here)
             incident = stable_id("node", node, "origin", *(f"{j}#{a}" for j, a in began))
@@ -270,9 +281,9 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
             return _isolate_node(h, node, n.ts, FaultClass.unknown, evidence, confidence=0.7, incident=incident, hard=True)
         lo = n.ts - cfg.repeat_failure_window_s
         blame: dict[str, float] = {}
-        for t, j, *rest in h["failed_jobs"]:
+        for t, j, (job_share, _, _) in failed:
             if t >= lo:
-                blame[j] = max(blame.get(j, 0.0), rest[1] if len(rest) > 1 else 1.0)
+                blame[j] = max(blame.get(j, 0.0), job_share)
         jobs = sorted(blame)
         # a node in many failed jobs is suspect only if it carries enough of their blame: the
         # failures of big jobs fall on hundreds of nodes at once and say little about one

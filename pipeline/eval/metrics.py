@@ -62,9 +62,8 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
     """Per-class quality, delays, lead times and the safety counts of one run (sim seconds)."""
     t0 = cluster.t0
     faults: list[Fault] = [f for f in cluster.faults if f.applied_ts is not None]
-    vs = sorted(verdicts, key=lambda v: v["ts"])
-    for v in vs:
-        v["_t"] = v["ts"] - t0
+    # copies with their sim time: the caller's verdicts stay as they were recorded
+    vs = sorted(({**v, "_t": v["ts"] - t0} for v in verdicts), key=lambda v: v["ts"])
     node_faults = {f.node: f for f in faults if f.kind in HARDWARE_KINDS and f.node}
     isolated: dict[str, float] = {}  # node -> sim time it was really cordoned
     for e in cluster.events:

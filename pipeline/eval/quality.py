@@ -148,7 +148,7 @@ def run(*, nodes: int = 512, hours: float = 7.0, speed: float = 25.0, seed: int 
         verdicts, actions = _run_inprocess(sc, cluster, say)
     else:
         verdicts, actions = _run_kafka(sc, cluster, bootstrap, say, diag)
-    result = metrics.score(cluster, [dict(v) for v in verdicts], actions)
+    result = metrics.score(cluster, verdicts, actions)
     fault_window_days = sc.nodes * (sc.duration - sc.warmup_s - sc.tail_s) / 86400.0
     result.update({
         "path": "in-process" if inprocess else "kafka+faust",

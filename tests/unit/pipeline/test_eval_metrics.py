@@ -135,3 +135,11 @@ def test_a_recorded_in_process_run_rescored_gives_the_same_result(tmp_path) -> N
     again = rescore(rec, say=lambda *a: None)
     assert again.pop("rescored_from") == str(rec)
     assert again == first and first["faults"] > 0
+
+
+def test_scoring_leaves_the_verdicts_as_they_were_recorded() -> None:
+    c = _cluster([Fault(kind="nccl_timeout", at=100.0, job="job-1")])
+    vs = [_job_verdict("job-1", 110.0, "transient_software", "retry")]
+    before = [dict(v) for v in vs]
+    score(c, vs, [])
+    assert vs == before

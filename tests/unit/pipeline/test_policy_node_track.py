@@ -245,3 +245,16 @@ def test_returns_older_than_the_lemon_window_are_forgiven(cfg) -> None:
         _isolate(h, cfg, t)
         [v] = node_on_notice(h, node_notice(NODE, "diag_passed", f"diag-{i}", t + 60), cfg).verdicts
         assert _actions(v) == [ActionName.return_]
+
+
+def test_failures_kept_in_the_older_shape_still_count_their_blame_and_never_as_begun_here(cfg) -> None:
+    # a node state written before the origin and attempt fields: [ts, job, signature, share]
+    h = new_node_health()
+    h["failed_jobs"] = [[T0, "job-a", "sig", 0.5], [T0 + 10, "job-b", "sig", 0.5]]
+    d = node_on_notice(h, node_notice(NODE, "job_failed", "job-c", T0 + 20, job_nodes=4), cfg)
+    [v] = d.verdicts  # 0.5 + 0.5 + 0.25 of blame over three jobs
+    assert v.evidence["failed_jobs"] == ["job-a", "job-b", "job-c"] and "failures_began_here" not in v.evidence
+    h = new_node_health()
+    h["failed_jobs"] = [[T0, "job-a", "sig", 0.01], [T0 + 10, "job-a", "sig", 0.01]]
+    d = node_on_notice(h, node_notice(NODE, "job_failed", "job-a", T0 + 20, job_nodes=100, origin=True), cfg)
+    assert d.verdicts == []  # one failure begun here, the older two not
