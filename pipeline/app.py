@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections import deque
 import logging
 import time
+from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -338,7 +338,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         for x, part in zip(samples, parts):
             net_watermark.update(part, x.ts)
         state["net_watermark"] = net_watermark.value
-        refit_network(max(x.ts for x in samples))
+        refit_network(max(net_watermark.newest.values()))  # the newest network event time seen
 
     def refit_network(now: float) -> None:
         """Fit the fabric model in a worker thread when due; the stream never waits for it."""

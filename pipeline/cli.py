@@ -330,13 +330,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for p in report.plots(ev, out.parent):
         say(f"plot: {p}")
     default_out = ROOT / "bench" / "results" / "eval.json"
-    if args.quick:
-        pass
-    elif quality is None or closed is None or out.resolve() != default_out.resolve():
-        say(f"summary: {report.README} left as it was (it is written from a full run of both parts to {default_out})")
-    else:
+    full = quality is not None and closed is not None and out.resolve() == default_out.resolve()
+    if full and not args.quick:
         report.write_readme(ev, report.load("nab.json", out.parent))
         say(f"summary: {report.README}")
+    elif not args.quick:
+        say(f"summary: {report.README} left as it was (it is written from a full run of both parts to {default_out})")
     say(f"results: {out}")
     missed = report.check(ev) if quality is not None and closed is not None else []
     for m in missed:
