@@ -52,9 +52,9 @@ class ApiContext:
     switch_table: Any = None
     verdicts: deque = field(default_factory=lambda: deque(maxlen=2000))
     actions: deque = field(default_factory=lambda: deque(maxlen=5000))
-    #: key of a held isolation -> its action record, until approved or rejected
+    #: key of a held isolation -> its action record, until approved or rejected (the ledger
+    #: settles a held action: a replayed verdict records it as already_so, never held again)
     held: dict[str, dict[str, Any]] = field(default_factory=dict)
-    resolved: set[str] = field(default_factory=set)
     #: one queue per open event stream (the dashboard's Server-Sent Events)
     streams: set[asyncio.Queue] = field(default_factory=set)
     stream_queue: int = 2000
@@ -84,7 +84,7 @@ class ApiContext:
     def saw_action(self, a: dict[str, Any]) -> None:
         self.actions.append(a)
         self.publish("action", a)
-        if a.get("outcome") == "held_by_budget" and a.get("action") == "isolate" and a["key"] not in self.resolved:
+        if a.get("outcome") == "held_by_budget" and a.get("action") == "isolate":
             self.held[a["key"]] = a
 
 
@@ -272,7 +272,6 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
         a = ctx.held.pop(key, None)
         if a is None:
             return view.json({"error": f"no held isolation {key!r}"}, status=404)
-        ctx.resolved.add(key)
         node = a["target"]
         if approve:
             v = await decide(node, [(ActionName.isolate, node, {"reason": "held isolation approved"}),
