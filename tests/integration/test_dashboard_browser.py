@@ -106,6 +106,11 @@ def test_a_node_turns_isolated_live_and_its_page_shows_why(browser, run):
     _wait(lambda: browser.find_elements("id", "node-state"), what="the node's state")
     assert browser.find_element("id", "node-state").text in ("isolated", "diagnosing", "healthy")
     _wait(lambda: browser.find_elements("css selector", "#sparks svg path"), what="anomaly plots")
+    for svg in browser.find_elements("css selector", "#sparks svg"):
+        # one line through every anomaly of the kind, and a dot on each
+        d = svg.find_element("css selector", "path").get_attribute("d")
+        dots = len(svg.find_elements("css selector", "circle"))
+        assert dots >= 1 and d.startswith("M") and d.count("L") == dots - 1, (d, dots)
     evidence = browser.find_element("id", "nodeverdicts").text
     assert "gpu_hardware" in evidence and '"kind": "gpu_lost"' in evidence and '"gpu": 3' in evidence
     browser.save_screenshot(str(SHOTS / "dashboard_node.png"))
