@@ -19,7 +19,7 @@ from .gpu import (
 )
 from .peer import PeerDetector
 from .univariate import UnivariateDetector
-from .xid import XID_TABLE, XidDetector, XidInfo, lookup
+from .xid import XID_TABLE, XidDetector, XidInfo, lookup, resolve
 
 __all__ = [
     "HW_POWER_BRAKE",
@@ -38,6 +38,7 @@ __all__ = [
     "ThrottleDetector",
     "UnivariateDetector",
     "XidDetector",
+    "resolve",
     "XidInfo",
     "lookup",
     "thermal_mask",

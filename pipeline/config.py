@@ -104,10 +104,22 @@ class PolicySettings(_Section):
                                "failure of a 2-node job puts 0.5 on each node, one of a 512-node job almost none")
     repeat_failure_window_s: float = Field(6 * 3600.0, gt=0)
     repeat_origin_failures: int = Field(
-        3, ge=2, description="unattributed failures that began on one node (the scheduler's first failed worker) "
-                             "within repeat_origin_window_s that make it suspect, whatever the jobs' sizes")
+        3, ge=2, description="distinct jobs whose unattributed failures began on one node (the scheduler's first "
+                             "failed worker) within repeat_origin_window_s that make it suspect, whatever the "
+                             "jobs' sizes; the attempts of one job count once")
     repeat_origin_window_s: float = Field(24 * 3600.0, gt=0)
-    user_error_retries: int = Field(1, ge=0, description="retries of a repeating traceback before stop")
+    xid_window_s: float = Field(24 * 3600.0, gt=0, description="event-time window of the Xid repeat rules")
+    xid_repeat_escalate: int = Field(
+        5, ge=2, description="times one Xid code seen on one GPU within xid_window_s that escalate it to a person")
+    xid_app_repeat_jobs: int = Field(
+        2, ge=2, description="distinct jobs in which an application-side Xid (13, 31, 43) repeats on one GPU within "
+                             "xid_window_s before the GPU, not the code, is suspect (isolate and diagnose)")
+    user_error_retries: int = Field(
+        1, ge=0, description="retries of a failure whose output names the user's code, inputs or environment, "
+                             "before the job is stopped")
+    unknown_repeats: int = Field(
+        3, ge=2, description="failures of one job the same way on the same nodes, with no cause found, after which "
+                             "it is stopped for a person (the same failure on other nodes stops it at once)")
     transient_retries: int = Field(3, ge=0, description="retries of a transient fault before requeue")
     checkpoint_deadline_s: float = Field(
         600.0, gt=0, description="event-time seconds a degraded job may run on to reach its next checkpoint"

@@ -35,6 +35,7 @@ from detectors import (
 from detectors.fabric import COUNTERS as FABRIC_COUNTERS
 from detectors.fabric import FEATURES as FABRIC_FEATURES
 from detectors.fabric import PortModel, port_features
+from detectors.xid import sxid_findings
 from schemas import Anomaly, FaultClass, GpuSample, JobEvent, JobEventKind, NetworkSample, Severity, Window
 
 from .config import DetectorSettings, NetworkSettings
@@ -397,13 +398,20 @@ class GpuDetection:
                 s = ss[fd.index]
                 if self.cooldown.allow((s.node, fd.gpu, fd.kind), s.ts):
                     out.append(_anomaly("gpu_hard", s.node, fd, s.ts))
-        xid_rows = [(k, x.gpu, x.code) for k, s in enumerate(ss) for x in s.xids]
-        if xid_rows:
-            arr = np.array(xid_rows, dtype=np.int64)
-            for fd in self.xid.detect(arr[:, 2], arr[:, 0], arr[:, 1]):
+        xids = [(k, x) for k, s in enumerate(ss) for x in s.xids]
+        if xids:
+            arr = np.array([(k, -1 if x.gpu is None else x.gpu, x.code) for k, x in xids], dtype=np.int64)
+            for fd in self.xid.detect(arr[:, 2], arr[:, 0], arr[:, 1], [x.detail for _, x in xids]):
                 s = ss[fd.index]
                 if self.cooldown.allow((s.node, fd.gpu, fd.kind, fd.evidence.get("xid")), s.ts):
                     out.append(_anomaly("xid", s.node, fd, s.ts))
+        sxids = [(k, x) for k, s in enumerate(ss) for x in s.sxids]
+        if sxids:
+            for fd in sxid_findings([x.code for _, x in sxids], [k for k, _ in sxids], [x.fatal for _, x in sxids],
+                                       [x.detail for _, x in sxids], [x.switch_pci_bus_id for _, x in sxids]):
+                s = ss[fd.index]
+                if self.cooldown.allow((s.node, fd.evidence.get("switch_pci"), fd.kind, fd.evidence.get("sxid")), s.ts):
+                    out.append(_anomaly("sxid", s.node, fd, s.ts, subject_type="node"))
         # running totals and their rings
         count = f.count[idx]
         f.acc[idx] += delta[:, :3].astype(np.int64)

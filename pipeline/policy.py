@@ -17,7 +17,6 @@ Faust table as is.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +35,7 @@ from schemas import (
 )
 
 from .config import NetworkSettings, PolicySettings
+from .triage import signature_basis, triage
 
 HEALTHY, SUSPECT, ISOLATED, DIAGNOSING, FAILED = "healthy", "suspect", "isolated", "diagnosing", "failed"
 OUT_OF_POOL = frozenset({ISOLATED, DIAGNOSING, FAILED})
@@ -51,6 +51,8 @@ DEGRADE_CLASSES = frozenset(
 
 MAX_KEPT = 64
 
+#: detectors of driver-reported errors: decided by the catalog's action (see _node_on_xid)
+XID_DETECTORS = frozenset({"xid", "sxid"})
 #: detectors of fabric ports: their anomalies are attributed by the switch track
 FABRIC_DETECTORS = frozenset({"link_rules", "fabric_rate", "fabric_model"})
 
@@ -83,7 +85,7 @@ def new_job_history(job: str) -> dict[str, Any]:
         "failures": [],
         "node_faults": {},
         "pending": None,
-        "retries": {"transient": 0, "user": 0},
+        "retries": {"transient": 0, "user": 0, "unknown": 0},
         "decided": [],
     }
 
@@ -147,7 +149,7 @@ def _kept_failures(h: dict[str, Any]) -> list[tuple[float, str, tuple[float, boo
 
 def _isolate_node(
     h: dict[str, Any], node: str, ts: float, fault_class: FaultClass, evidence: dict[str, Any], *,
-    confidence: float, incident: str, hard: bool,
+    confidence: float, incident: str, hard: bool, remedy: str | None = None,
 ) -> Decision:
     d = Decision()
     job = h.get("job")
@@ -155,7 +157,7 @@ def _isolate_node(
         actions = [
             (ActionName.isolate, node, {"reason": fault_class.value}),
             (ActionName.drain, node, {}),
-            (ActionName.diagnose, node, {}),
+            (ActionName.diagnose, node, {"remedy": remedy} if remedy else {}),
         ]
     else:
         # Degrading under a running job: cordon now, let the job reach its next
@@ -182,12 +184,110 @@ def _isolate_node(
     return d
 
 
+def _degrading(h: dict[str, Any], node: str, a: Anomaly, cfg: PolicySettings) -> Decision:
+    """A warning of a degradation class: isolate once enough of them gather in the window."""
+    lo = a.ts - cfg.degrade_window_s
+    degrade = {c.value for c in DEGRADE_CLASSES}
+    recent = [x for x in h["anomalies"] if x[0] >= lo and x[2] in degrade and x[3] != "info"]
+    if len(recent) >= cfg.degrade_confirmations:
+        kinds = sorted({x[1] for x in recent})
+        incident = stable_id("node", node, "degrading", recent[0][4])
+        evidence = {
+            "anomalies": [x[4] for x in recent],
+            "kinds": kinds,
+            "confirmations": len(recent),
+            "window_s": cfg.degrade_window_s,
+            "last": a.evidence,
+        }
+        fc = FaultClass.node_degrading if a.fault_class is FaultClass.node_degrading else a.fault_class
+        return _isolate_node(h, node, a.ts, fc, evidence, confidence=0.8, incident=incident, hard=False)
+    if h["state"] == HEALTHY:
+        h.update(state=SUSPECT, since=a.ts)
+    return Decision()
+
+
+def _escalate_node(h: dict[str, Any], node: str, a: Anomaly, key: str, reason: str, evidence: dict[str, Any],
+                   cfg: PolicySettings) -> Decision:
+    """An alert for a person about ``node``, once per ``key`` per Xid window; the node stays."""
+    sent = {k: t for k, t in (h.get("escalated") or {}).items() if t >= a.ts - cfg.xid_window_s}
+    if key in sent:
+        h["escalated"] = sent
+        return Decision()
+    h["escalated"] = {**sent, key: a.ts}
+    incident = stable_id("node", node, "escalate", key, a.id)
+    v = _verdict(ts=a.ts, incident=incident, scope="node", subject=node, fault_class=a.fault_class, confidence=0.6,
+                 actions=[(ActionName.escalate, node, {"reason": reason, "gpu": a.gpu})],
+                 evidence={"anomalies": [a.id], **evidence}, job=h.get("job"), nodes=[node])
+    return Decision(verdicts=[v])
+
+
+def _node_on_xid(h: dict[str, Any], node: str, a: Anomaly, cfg: PolicySettings) -> Decision:
+    """An Xid or SXid finding, by the action NVIDIA's catalog gives it (``detectors.xid``),
+    and by the node's Xid history over ``xid_window_s`` of event time:
+
+    * ``isolate``: the node is taken out now, its diagnosis given the catalog's remedy;
+    * ``app_unless_repeated`` (13, 31, 43): the application's fault, unless the same code
+      struck the same GPU in ``xid_app_repeat_jobs`` distinct jobs: then the GPU's;
+    * ``restart_app`` and ``app_unless_repeated``: the job on the node is told, so that its
+      failure is judged as the driver saw it (restarted, not blamed on the node);
+    * ``degrade``: a degradation finding like any other;
+    * ``escalate``, and any code ``xid_repeat_escalate`` times on one GPU: a person is
+      alerted, the node stays.
+    """
+    ev = a.evidence
+    code = ev.get("xid", ev.get("sxid"))
+    action = ev.get("action", "record")
+    job = h.get("job")
+    who = job or (f"pid:{ev['pid']}" if ev.get("pid") is not None else None)
+    lo = a.ts - cfg.xid_window_s
+    kept = [x for x in h.get("xids") or [] if x[0] >= lo]
+    h["xids"] = (kept + [[a.ts, a.gpu, code, who, a.detector]])[-4 * MAX_KEPT:]
+    if h["state"] in OUT_OF_POOL:
+        return Decision()
+    same = [x for x in h["xids"] if x[1] == a.gpu and x[2] == code and x[4] == a.detector]
+    d = Decision()
+    if action == "isolate":
+        incident = stable_id("node", node, a.id)
+        evidence = {"anomalies": [a.id], "kind": a.kind, "gpu": a.gpu, "detector": a.detector, **ev}
+        return _isolate_node(h, node, a.ts, a.fault_class, evidence, confidence=0.95, incident=incident, hard=True,
+                             remedy=ev.get("remedy") or None)
+    if action == "app_unless_repeated":
+        jobs = sorted({x[3] for x in same if x[3]})
+        if len(jobs) >= cfg.xid_app_repeat_jobs:
+            incident = stable_id("node", node, "xid-repeat", a.gpu, code, *jobs)
+            evidence = {"anomalies": [a.id], "kind": a.kind, "gpu": a.gpu, "detector": a.detector, **ev,
+                        "rule": f"Xid {code} on GPU {a.gpu} in {len(jobs)} jobs within {cfg.xid_window_s:.0f} s: "
+                                f"the GPU, not the application (NVIDIA's WORKFLOW_XID_13/31: run diagnostics)",
+                        "jobs": jobs}
+            return _isolate_node(h, node, a.ts, FaultClass.gpu_hardware, evidence, confidence=0.8,
+                                 incident=incident, hard=True, remedy="field_diagnostics")
+    if action in ("restart_app", "app_unless_repeated") and job:
+        d.job_notices.append(JobNotice(
+            ts=a.ts, job=job, node=node, kind="xid", fault_class=a.fault_class, incident=stable_id("xid", a.id),
+            anomalies=[a.id], evidence={"xid": code, "action": action, "gpu": a.gpu, "rule": ev.get("rule")}))
+    if ev.get("degrade") and a.severity is not Severity.info:
+        d2 = _degrading(h, node, a, cfg)
+        if d2.verdicts:
+            return d2
+    if len(same) >= cfg.xid_repeat_escalate:
+        d.verdicts.extend(_escalate_node(
+            h, node, a, f"repeat:{a.detector}:{a.gpu}:{code}",
+            f"{a.kind} {code} seen {len(same)} times on GPU {a.gpu} within {cfg.xid_window_s:.0f} s",
+            {"xid": code, "times": len(same), "rule": "any code 5 or more times on one GPU within 24 h"}, cfg).verdicts)
+    elif action == "escalate":
+        d.verdicts.extend(_escalate_node(h, node, a, f"code:{a.detector}:{a.gpu}:{code}",
+                                         f"{a.kind} {code}: {ev.get('rule', 'a person decides')}", {**ev}, cfg).verdicts)
+    return d
+
+
 def node_on_anomaly(h: dict[str, Any], a: Anomaly, cfg: PolicySettings) -> Decision:
     """A finding about ``a.node`` (or the node itself): record it, maybe isolate."""
     node = a.node or a.subject
     h["anomalies"] = (h["anomalies"] + [_anomaly_brief(a)])[-MAX_KEPT:]
     if h["state"] in OUT_OF_POOL:
         return Decision()
+    if a.detector in XID_DETECTORS:
+        return _node_on_xid(h, node, a, cfg)
     if a.detector in FABRIC_DETECTORS:
         # one node's port or its switch? the switch's owner decides (see switch_on_notice)
         if a.severity is Severity.info:
@@ -202,22 +302,7 @@ def node_on_anomaly(h: dict[str, Any], a: Anomaly, cfg: PolicySettings) -> Decis
         evidence = {"anomalies": [a.id], "kind": a.kind, "gpu": a.gpu, "detector": a.detector, **a.evidence}
         return _isolate_node(h, node, a.ts, a.fault_class, evidence, confidence=0.95, incident=incident, hard=True)
     if a.severity in (Severity.warning, Severity.critical) and a.fault_class in DEGRADE_CLASSES:
-        lo = a.ts - cfg.degrade_window_s
-        recent = [x for x in h["anomalies"] if x[0] >= lo and x[2] in {c.value for c in DEGRADE_CLASSES} and x[3] != "info"]
-        if len(recent) >= cfg.degrade_confirmations:
-            kinds = sorted({x[1] for x in recent})
-            incident = stable_id("node", node, "degrading", recent[0][4])
-            evidence = {
-                "anomalies": [x[4] for x in recent],
-                "kinds": kinds,
-                "confirmations": len(recent),
-                "window_s": cfg.degrade_window_s,
-                "last": a.evidence,
-            }
-            fc = FaultClass.node_degrading if a.fault_class is FaultClass.node_degrading else a.fault_class
-            return _isolate_node(h, node, a.ts, fc, evidence, confidence=0.8, incident=incident, hard=False)
-        if h["state"] == HEALTHY:
-            h.update(state=SUSPECT, since=a.ts)
+        return _degrading(h, node, a, cfg)
     return Decision()
 
 
@@ -268,15 +353,19 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
         if h["state"] in OUT_OF_POOL:
             return Decision()
         failed = _kept_failures(h)
-        # failures (job, attempt) whose first failed worker ran here: the node where failures keep
-        # beginning is suspect, and a job's size does not dilute that
+        # distinct jobs whose failure began here: the node where failures of different jobs keep
+        # beginning is suspect, and a job's size does not dilute that; one job's attempts count
+        # once, or a user's bug retried on its rank-0 node would blame that node
         lo = n.ts - cfg.repeat_origin_window_s
-        began_here = {(j, attempt) for t, j, (_, origin, attempt) in failed if t >= lo and origin}
+        began_here: dict[str, list[int]] = {}
+        for t, j, (_, origin, attempt) in failed:
+            if t >= lo and origin:
+                began_here.setdefault(j, []).append(attempt)
         if len(began_here) >= cfg.repeat_origin_failures:
-            began = sorted(began_here)
-            incident = stable_id("node", node, "origin", *(f"{j}#{a}" for j, a in began))
+            began = sorted((j, a) for j, attempts in began_here.items() for a in sorted(set(attempts)))
+            incident = stable_id("node", node, "origin", *sorted(began_here))
             evidence = {"failures_began_here": [list(x) for x in began], "window_s": cfg.repeat_origin_window_s,
-                        "failed_jobs": sorted({j for j, _ in began}), "anomalies": []}
+                        "failed_jobs": sorted(began_here), "anomalies": []}
             h["job"] = h.get("job") or n.job
             return _isolate_node(h, node, n.ts, FaultClass.unknown, evidence, confidence=0.7, incident=incident, hard=True)
         lo = n.ts - cfg.repeat_failure_window_s
@@ -294,6 +383,16 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
             h["job"] = h.get("job") or n.job  # tell the failed job if nothing newer runs here
             return _isolate_node(h, node, n.ts, FaultClass.unknown, evidence, confidence=0.6, incident=incident, hard=True)
         return Decision()
+    if n.kind == "hardware_failure":
+        # a job's own output named a hardware fault on this node (an Xid line, an
+        # uncorrectable ECC error, a GPU off the bus) and no telemetry had shown it yet
+        if h["state"] in OUT_OF_POOL:
+            return Decision()
+        fc = n.fault_class or FaultClass.gpu_hardware
+        evidence = {"anomalies": [], "job_output": n.evidence, "detail": n.reason}
+        h["job"] = h.get("job") or n.job
+        return _isolate_node(h, node, n.ts, fc, evidence, confidence=0.85,
+                             incident=n.signature or stable_id("node", node, "job-output", n.job, n.attempt), hard=True)
     if n.kind == "operator_return":
         # a person returned the node to service: its history starts again
         h.update(state=HEALTHY, since=n.ts, incident=None, fault_class=None, anomalies=[], failed_jobs=[],
@@ -345,37 +444,34 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
 
 # ------------------------------------------------------------------------------ job track
 
-_NUM = re.compile(r"0x[0-9a-f]+|\d+(\.\d+)?")
-_WS = re.compile(r"\s+")
-TRANSIENT_MARKERS = (
-    "nccl", "watchdog", "timed out", "timeout", "connection reset", "broken pipe",
-    "connection refused", "signal 9", "sigterm", "preempt", "socket",
-)
-HARDWARE_MARKERS = ("uncorrectable ecc", "xid", "fallen off the bus", "gpu is lost", "nvlink", "unspecified launch failure")
+def failure_record(e: JobEvent, nodes: list[str]) -> dict[str, Any]:
+    """A failure as the job track keeps it: what the triage read in it, and where it ran."""
+    reading, t = triage(e.exit_code, e.reason, e.log_tail, nodes)
+    return {
+        "attempt": e.attempt, "ts": e.ts, "signature": stable_id("sig", signature_basis(reading, t, nodes), n=12),
+        "triage": {"kind": t.kind, "fault_class": t.fault_class.value, "strong": t.strong,
+                   "blames_nodes": t.blames_nodes, "evidence": _bounded(t.evidence())},
+        "reason": (e.reason or "")[:300], "exit_code": e.exit_code, "nodes": nodes,
+        "origin": e.origin_node if e.origin_node in nodes else None, "named": t.node,
+    }
 
 
-def failure_signature(event: JobEvent) -> str:
-    """Stable fingerprint of a failure: exit code plus the normalised last error line."""
-    text = (event.log_tail or "").strip().splitlines()
-    last = text[-1] if text else ""
-    basis = f"{event.exit_code}|{event.reason or ''}|{last}".lower()
-    basis = _WS.sub(" ", _NUM.sub("#", basis)).strip()
-    return stable_id("sig", basis, n=12)
+def _bounded(ev: dict[str, Any]) -> dict[str, Any]:
+    """Evidence small enough for a table value: lists cut to 5 items, strings to 300 characters."""
+    out: dict[str, Any] = {}
+    for k, v in ev.items():
+        if isinstance(v, list):
+            v = [x[:300] if isinstance(x, str) else x for x in v[:5]]
+        elif isinstance(v, str):
+            v = v[:300]
+        out[k] = v
+    return out
 
 
-def _has_traceback(event: JobEvent) -> bool:
-    return "traceback (most recent call last)" in (event.log_tail or "").lower()
-
-
-def _classify_text(event: JobEvent) -> str:
-    text = f"{event.reason or ''}\n{event.log_tail or ''}".lower()
-    if any(m in text for m in HARDWARE_MARKERS):
-        return "hardware_hint"
-    if any(m in text for m in TRANSIENT_MARKERS):
-        return "transient"
-    if _has_traceback(event):
-        return "traceback"
-    return "unknown"
+def _triage_of(failure: dict[str, Any]) -> dict[str, Any]:
+    """The failure's triage; failures kept before triage existed read as unknown."""
+    return failure.get("triage") or {"kind": "unknown", "fault_class": "unknown", "strong": False,
+                                     "blames_nodes": True, "evidence": {"rule": "no_evidence"}}
 
 
 def _job_verdict(
@@ -415,48 +511,114 @@ def _decide_hardware(hist: dict[str, Any], ts: float, faults: dict[str, dict], f
     return Decision(verdicts=[v])
 
 
+def _other_placement(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two failures ran on different placements: at most half of the smaller
+    one's nodes in common."""
+    na, nb = set(a["nodes"]), set(b["nodes"])
+    if not na or not nb:
+        return False
+    return len(na & nb) <= min(len(na), len(nb)) / 2
+
+
+def _suspect(failure: dict[str, Any]) -> str | None:
+    """The node a failure points at: the host its own output names, the scheduler's first
+    failed worker, or the job's only node."""
+    if failure.get("named"):
+        return failure["named"]
+    if failure.get("origin"):
+        return failure["origin"]
+    return failure["nodes"][0] if len(failure["nodes"]) == 1 else None
+
+
 def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySettings) -> Decision:
+    """Judge a failure that no node evidence explained, from what its own output says
+    (:mod:`pipeline.triage`) and from the job's history:
+
+    * **hardware** (an Xid line, an uncorrectable ECC error, a GPU off the bus): requeue
+      without the node it names, and tell that node's owner, which isolates it;
+    * **network** (fabric errors): requeue without the node it names; its nodes hear of it;
+    * **user** (the code, its inputs or its environment): retry ``user_error_retries``
+      times, then stop;
+    * **transient** (preemption, a failing service): retry ``transient_retries`` times,
+      then requeue;
+    * **elsewhere / unknown** (a watchdog timeout, a lost peer, a bare signal): answer
+      ``unknown`` with the reason and retry once.  The same failure again on the same
+      nodes moves the job to a new placement; the same failure on other nodes is the
+      job's own (stop); ``unknown_repeats`` of them on the same nodes stop it for a person.
+
+    Failures whose output could be the node's fault are reported to each node of the job
+    (``job_failed``, with the node where it began), for the node track's repeat rules.
+    """
     failure = hist["failures"][-1]
-    hint = failure["hint"]
+    tri = _triage_of(failure)
+    kind = tri["kind"]
+    rule = tri["evidence"].get("rule", "?")
     incident = stable_id("job", hist["job"], failure["attempt"])
     d = Decision()
     previous = [f for f in hist["failures"][:-1] if f["signature"] == failure["signature"]]
-    disjoint = any(not set(f["nodes"]) & set(failure["nodes"]) for f in previous)
-    repeated_tb = hint == "traceback" and any(f["hint"] == "traceback" for f in previous)
-    if previous and (repeated_tb or (disjoint and hint not in ("transient", "hardware_hint"))):
-        ev = {"signature": failure["signature"], "repeats": len(previous) + 1, "disjoint_nodes": disjoint,
-              "reason": failure["reason"]}
+    suspect = _suspect(failure)
+    ev = {"triage": tri["evidence"], "signature": failure["signature"], "reason": failure["reason"],
+          "exit_code": failure["exit_code"], "node_anomalies": "none", "repeats": len(previous) + 1}
+
+    def verdict(fc: FaultClass | str, action: ActionName, confidence: float, decided_by: str,
+                params: dict[str, Any] | None = None) -> None:
+        d.verdicts.append(_job_verdict(hist, ts, incident, FaultClass(fc), action, confidence,
+                                       {**ev, "decided_by": decided_by}, params))
+
+    if kind == "hardware":
+        verdict(tri["fault_class"], ActionName.requeue, 0.9, rule,
+                {"exclude": [suspect] if suspect else [], "from_checkpoint": True})
+        if suspect:
+            d.node_notices.append(NodeNotice(
+                ts=ts, node=suspect, kind="hardware_failure", job=hist["job"], attempt=failure["attempt"],
+                reason=tri["evidence"].get("why"), signature=incident, fault_class=FaultClass(tri["fault_class"]),
+                evidence={"triage": tri["evidence"], "job": hist["job"], "attempt": failure["attempt"]}))
+    elif kind == "network":
+        verdict(tri["fault_class"], ActionName.requeue, 0.7, rule,
+                {"exclude": [suspect] if suspect else [], "from_checkpoint": True})
+    elif kind == "user":
         if hist["retries"]["user"] >= cfg.user_error_retries:
-            d.verdicts.append(_job_verdict(hist, ts, incident, FaultClass.user_error, ActionName.stop, 0.9, ev))
+            verdict(FaultClass.user_error, ActionName.stop, 0.9 if tri["strong"] else 0.75, rule)
             hist["status"] = "stopped"
         else:
             hist["retries"]["user"] += 1
-            d.verdicts.append(_job_verdict(hist, ts, incident, FaultClass.user_error, ActionName.retry, 0.6, ev))
-    else:
-        fc = FaultClass.transient_software if hint in ("transient", "traceback") else FaultClass.unknown
-        ev = {"signature": failure["signature"], "hint": hint, "reason": failure["reason"],
-              "exit_code": failure["exit_code"], "node_anomalies": "none"}
-        if hint == "traceback":
-            hist["retries"]["user"] += 1
-        if hint == "hardware_hint" or hist["retries"]["transient"] >= cfg.transient_retries:
-            action = ActionName.requeue
+            verdict(FaultClass.user_error, ActionName.retry, 0.6, rule)
+    elif kind == "transient":
+        if hist["retries"]["transient"] >= cfg.transient_retries:
+            verdict(FaultClass.transient_software, ActionName.requeue, 0.7, rule, {"exclude": []})
         else:
-            action = ActionName.retry
-            if hint != "traceback":
-                hist["retries"]["transient"] += 1
-        d.verdicts.append(_job_verdict(hist, ts, incident, fc, action, 0.7, ev, {"exclude": []} if action is ActionName.requeue else None))
-        # Unattributed failures feed each node's repeat-failure count, sharing the blame among
-        # the job's nodes; a Python traceback is the code's, not a node's.
-        if hint != "traceback":
-            for n in failure["nodes"]:
-                d.node_notices.append(
-                    NodeNotice(ts=ts, node=n, kind="job_failed", job=hist["job"], attempt=failure["attempt"],
-                               reason=failure["reason"], signature=failure["signature"],
-                               job_nodes=max(1, len(failure["nodes"])), origin=n == failure.get("origin"))
-                )
+            hist["retries"]["transient"] += 1
+            verdict(FaultClass.transient_software, ActionName.retry, 0.7, rule)
+    else:  # elsewhere, unknown: weak evidence
+        elsewhere = [f for f in previous if _other_placement(f, failure)]
+        if elsewhere:
+            ev["other_placements"] = [f["nodes"][:8] for f in elsewhere[-2:]]
+            verdict(FaultClass.user_error, ActionName.stop, 0.8, "same_failure_on_other_nodes")
+            hist["status"] = "stopped"
+        elif len(previous) + 1 >= cfg.unknown_repeats:
+            verdict(FaultClass.unknown, ActionName.stop, 0.5, "same_failure_repeats",
+                    {"escalate": True, "reason": f"failed {len(previous) + 1} times the same way; no cause found"})
+            hist["status"] = "stopped"
+        elif previous or hist["retries"].get("unknown", 0) >= 1:
+            # again on the same nodes: run it elsewhere, which tells the job's fault from the nodes'
+            verdict(FaultClass.unknown, ActionName.requeue, 0.5,
+                    "same_failure_same_nodes" if previous else rule,
+                    {"exclude": [suspect] if suspect else [], "from_checkpoint": True})
+        else:
+            hist["retries"]["unknown"] = hist["retries"].get("unknown", 0) + 1
+            verdict(FaultClass.unknown, ActionName.retry, 0.5, rule)
+    if tri["blames_nodes"] and kind != "hardware" or (kind == "hardware" and not suspect):
+        origin = failure.get("named") or failure.get("origin")
+        for n in failure["nodes"]:
+            d.node_notices.append(
+                NodeNotice(ts=ts, node=n, kind="job_failed", job=hist["job"], attempt=failure["attempt"],
+                           reason=failure["reason"], signature=failure["signature"],
+                           job_nodes=max(1, len(failure["nodes"])), origin=n == origin)
+            )
     hist["decided"] = (hist["decided"] + [failure["attempt"]])[-MAX_KEPT:]
     hist["pending"] = None
-    hist["status"] = "decided"
+    if hist["status"] != "stopped":
+        hist["status"] = "decided"
     return d
 
 
@@ -511,11 +673,7 @@ def job_on_event(hist: dict[str, Any], e: JobEvent, cfg: PolicySettings, wall_no
     if e.attempt in hist["decided"] or (pend and pend["kind"] == "failure" and pend["attempt"] == e.attempt):
         return d  # a duplicate of a failure already judged or being judged
     nodes = list(e.nodes or hist["nodes"])
-    failure = {
-        "attempt": e.attempt, "ts": e.ts, "signature": failure_signature(e), "hint": _classify_text(e),
-        "reason": (e.reason or "")[:300], "exit_code": e.exit_code, "nodes": nodes,
-        "origin": e.origin_node if e.origin_node in nodes else None,
-    }
+    failure = failure_record(e, nodes)
     hist["failures"] = (hist["failures"] + [failure])[-MAX_KEPT:]
     hist["status"] = "failed"
     faults = _recent_node_faults(hist, nodes, e.ts, cfg.degrade_window_s)

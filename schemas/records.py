@@ -130,10 +130,35 @@ class Record(BaseModel):
 # --------------------------------------------------------------------------- telemetry
 
 
+PciBusId = Annotated[str, Field(pattern=r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}$",
+                                 description="PCI bus id as dddd:bb:dd, lower-case (the driver's spelling)")]
+
+
 class XidEvent(BaseModel):
+    """One Xid error of one GPU.  NVML reports the code alone; the kernel log adds the
+    driver's text after the code (``detail``, which decides Xid 144-150 and 154), the
+    process it names and the GPU's bus id."""
+
     model_config = ConfigDict(extra="ignore")
-    gpu: int = Field(ge=0, lt=MAX_GPUS)
+    gpu: int | None = Field(ge=0, lt=MAX_GPUS, description="GPU index; null when the bus id maps to no index")
     code: int = Field(ge=0, le=65535, description="NVIDIA Xid code")
+    detail: str | None = Field(None, max_length=1024, description="the driver's text after the code")
+    pid: int | None = Field(None, ge=0, description="process the driver names")
+    process: str | None = Field(None, max_length=256, description="its name")
+    pci_bus_id: PciBusId | None = None
+    source: Literal["nvml", "kernel", "dcgm", "sim"] | None = Field(
+        None, description="who reported it: NVML's event API, the kernel log, dcgm-exporter, the simulator")
+
+
+class SxidEvent(BaseModel):
+    """One NVSwitch SXid error (node-level: the switches on the node's baseboard)."""
+
+    model_config = ConfigDict(extra="ignore")
+    code: int = Field(ge=0, le=1_000_000, description="NVSwitch SXid code")
+    fatal: bool | None = Field(None, description="the driver's severity word; null when it printed none")
+    link: int | None = Field(None, ge=0, le=1024)
+    switch_pci_bus_id: PciBusId | None = None
+    detail: str | None = Field(None, max_length=1024)
 
 
 PER_GPU_FIELDS = (
@@ -157,6 +182,7 @@ PER_GPU_FIELDS = (
     "nvlink_recovery",
     "pcie_replay",
     "lost",
+    "pci_bus_id",
 )
 
 
@@ -208,6 +234,9 @@ class GpuSample(Record):
     lost: list[bool | None] | None = Field(
         None, description="GPU not reachable (fallen off the bus, NVML GPU_IS_LOST)")
     xids: list[XidEvent] = Field(default_factory=list, description="Xid events since the previous sample")
+    sxids: list[SxidEvent] = Field(default_factory=list, description="NVSwitch SXid events since the previous sample")
+    pci_bus_id: list[PciBusId | None] | None = Field(
+        None, description="each GPU's PCI bus id (maps kernel-log lines to GPU indexes)")
 
     @model_validator(mode="after")
     def _same_length(self) -> "GpuSample":
@@ -219,7 +248,7 @@ class GpuSample(Record):
             if v is not None and len(v) != n:
                 raise ValueError(f"{name}: expected {n} entries (one per GPU), got {len(v)}")
         for x in self.xids:
-            if x.gpu >= n:
+            if x.gpu is not None and x.gpu >= n:
                 raise ValueError(f"xids: gpu index {x.gpu} out of range for {n} GPUs")
         return self
 
@@ -384,7 +413,7 @@ class NodeNotice(Record):
     schema_: Literal["node-notice/1"] = Field("node-notice/1", alias="schema")
     node: str
     kind: Literal["placed", "released", "job_failed", "diag_started", "diag_passed", "diag_failed",
-                  "network_fault", "fabric_switch", "operator_return", "operator_hold"]
+                  "network_fault", "fabric_switch", "operator_return", "operator_hold", "hardware_failure"]
     job: str
     attempt: int = 1
     reason: str | None = None
@@ -393,6 +422,10 @@ class NodeNotice(Record):
     job_nodes: int | None = Field(None, ge=1)
     #: job_failed: the failure began on this node (the job's ``origin_node``)
     origin: bool = False
+    #: hardware_failure: the class the job's own output names (an Xid line, an uncorrectable
+    #: ECC error, a GPU off the bus) and the triage rule behind it
+    fault_class: FaultClass | None = None
+    evidence: dict[str, Any] = Field(default_factory=dict)
 
 
 class JobNotice(Record):
@@ -401,7 +434,7 @@ class JobNotice(Record):
     schema_: Literal["job-notice/1"] = Field("job-notice/1", alias="schema")
     job: str
     node: str
-    kind: Literal["node_fault", "node_degrading", "fabric", "tick"]
+    kind: Literal["node_fault", "node_degrading", "fabric", "tick", "xid"]
     fault_class: FaultClass
     incident: str
     anomalies: list[str] = Field(default_factory=list)

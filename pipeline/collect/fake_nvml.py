@@ -42,6 +42,7 @@ class FakeGpu:
     nvlink: dict[tuple[int, int], int] = field(default_factory=dict)  # (link, counter) -> count
     pcie_replay: int = 0
     lost: bool = False
+    bus_id: str = ""
 
 
 @dataclass
@@ -81,8 +82,12 @@ class FakeNVML:
     nvmlEventTypeXidCriticalError = _real.nvmlEventTypeXidCriticalError  # noqa: N815
     NVMLError = _real.NVMLError
 
+    #: the GPUs' PCI buses of an 8-GPU HGX H100 baseboard (DGX H100 user guide), in NVML order
+    BUSES = (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF)
+
     def __init__(self, gpus: int = 8, *, seed: int = 0, retired_pages_supported: bool = False) -> None:
-        self.gpus = [FakeGpu(i) for i in range(gpus)]
+        self.gpus = [FakeGpu(i, bus_id=f"00000000:{self.BUSES[i % 8] + 8 * (i // 8):02X}:00.0")
+                     for i in range(gpus)]
         self.rng = np.random.default_rng(seed)
         self.unsupported: set[str] = set() if retired_pages_supported else {"retired_pages"}
         self.initialised = False
@@ -154,6 +159,12 @@ class FakeNVML:
 
     def nvmlDeviceGetIndex(self, h: FakeGpu) -> int:  # noqa: N802
         return self._gpu(h, "index").index
+
+    def nvmlDeviceGetPciInfo(self, h: FakeGpu) -> Any:  # noqa: N802
+        g = self._gpu(h, "pci")
+        domain, bus, dev = g.bus_id.split(":")[0], g.bus_id.split(":")[1], g.bus_id.split(":")[2].split(".")[0]
+        return _real.nvmlPciInfo_t(busId=g.bus_id.encode(), busIdLegacy=g.bus_id[4:].encode(), domain=int(domain, 16),
+                                   bus=int(bus, 16), device=int(dev, 16))
 
     def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> Any:  # noqa: N802
         g = self._gpu(h, "util")

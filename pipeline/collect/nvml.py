@@ -21,6 +21,8 @@ nvlink_crc/replay/        ``nvmlDeviceGetNvLinkErrorCounter()`` summed over acti
 recovery
 pcie_replay               ``nvmlDeviceGetPcieReplayCounter()``
 lost                      any call failing with ``NVML_ERROR_GPU_IS_LOST``
+pci_bus_id                ``nvmlDeviceGetPciInfo()`` (``domain``, ``bus``, ``device``), read once
+                          at start: it maps the kernel log's ``NVRM: Xid (PCI:...)`` to an index
 ========================  ==================================================================
 
 A field that a GPU does not support (``NVML_ERROR_NOT_SUPPORTED``, ``NO_PERMISSION``,
@@ -89,6 +91,8 @@ class NvmlCollector:
         self._thread: threading.Thread | None = None
         self._event_set: Any = None
         self.unsupported: dict[str, set[int]] = {}
+        #: each GPU's PCI bus id (``dddd:bb:dd``), None where NVML did not say
+        self.bus_ids: list[str | None] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -97,6 +101,7 @@ class NvmlCollector:
         n.nvmlInit()
         count = n.nvmlDeviceGetCount()
         self.handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        self.bus_ids = [self._bus_id(i, h) for i, h in enumerate(self.handles)]
         log.info("NVML: %d GPUs on %s (driver %s)", count, self.node, self._driver())
         self._start_events()
         return self
@@ -114,6 +119,27 @@ class NvmlCollector:
             self.nvml.nvmlShutdown()
         except Exception:
             pass
+
+    def _bus_id(self, i: int, h: Any) -> str | None:
+        from ..nvrm import normalize_pci
+
+        try:
+            info = self.nvml.nvmlDeviceGetPciInfo(h)
+        except Exception as exc:
+            log.warning("GPU %d: no PCI info (%s): its kernel-log Xids cannot be mapped to it", i, exc)
+            return None
+        domain, bus, device = (getattr(info, k, None) for k in ("domain", "bus", "device"))
+        if isinstance(bus, int) and isinstance(device, int) and isinstance(domain, int) and (bus or device):
+            return f"{domain & 0xFFFF:04x}:{bus:02x}:{device:02x}"
+        raw = getattr(info, "busId", "") or getattr(info, "busIdLegacy", "")
+        return normalize_pci(raw.decode() if isinstance(raw, bytes) else str(raw))
+
+    def gpu_of_bus(self, bus_id: str) -> int | None:
+        """The index of the GPU at PCI ``bus_id`` (any spelling), or None."""
+        from ..nvrm import normalize_pci
+
+        want = normalize_pci(bus_id)
+        return next((i for i, b in enumerate(self.bus_ids) if b is not None and b == want), None)
 
     def _driver(self) -> str:
         try:
@@ -174,7 +200,9 @@ class NvmlCollector:
                     continue
                 log.warning("Xid %d on GPU %d of %s", code, gpu, self.node)
                 with self._lock:
-                    self._xids.append({"gpu": gpu, "code": code})
+                    self._xids.append({"gpu": gpu, "code": code, "source": "nvml",
+                                       **({"pci_bus_id": self.bus_ids[gpu]}
+                                          if gpu < len(self.bus_ids) and self.bus_ids[gpu] else {})})
                 if self.on_xid is not None:
                     self.on_xid()
 
@@ -301,6 +329,8 @@ class NvmlCollector:
                     log.error("GPU %d of %s is lost (fallen off the bus)", i, self.node)
                 self.lost.add(i)
                 values = {"lost": True}
+            if i < len(self.bus_ids):
+                values["pci_bus_id"] = self.bus_ids[i]
             per_gpu.append(values)
         with self._lock:
             xids, self._xids = self._xids, []

@@ -59,7 +59,7 @@ def test_an_xid_is_sent_at_once_not_at_the_next_interval(tmp_path) -> None:
     finally:
         agent.close()
     assert len(sent) == 2, "one round at start, then the Xid record, long before the 60 s interval"
-    assert sent[1][1]["xids"] == [{"gpu": 6, "code": 48}]
+    assert sent[1][1]["xids"] == [{"gpu": 6, "code": 48, "source": "nvml", "pci_bus_id": "0000:d1:00"}]
 
 
 def test_without_nvml_or_devices_auto_mode_collects_nothing_and_says_so(tmp_path) -> None:

@@ -83,7 +83,8 @@ def test_an_xid_event_is_captured_as_it_happens_and_wakes_the_agent(nvml) -> Non
         again = c.sample()
     finally:
         c.close()
-    assert GpuSample.model_validate(rec).xids[0].model_dump() == {"gpu": 2, "code": 79}
+    assert GpuSample.model_validate(rec).xids[0].model_dump(exclude_none=True) == {
+        "gpu": 2, "code": 79, "source": "nvml", "pci_bus_id": "0000:52:00"}
     assert again["xids"] == []  # reported once
 
 

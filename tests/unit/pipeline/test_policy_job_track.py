@@ -17,6 +17,10 @@ WALL = 5000.0  # the job track's wall clock, independent of event time
 
 NCCL = dict(exit_code=-6, reason="NCCL watchdog timeout",
             log_tail="Watchdog caught collective operation timeout: WorkNCCL(SeqNum=88213) ran for 600042 ms")
+#: a real slurmstepd notice (SystemsGenetics/GEMmaker#242, tests/data/failures)
+PREEMPTED = dict(exit_code=0, reason="CANCELLED: None",
+                 log_tail="slurmstepd: error: *** JOB 32391783 ON cn119 CANCELLED AT 2021-06-18T13:05:36 DUE TO "
+                          "PREEMPTION ***")
 TRACEBACK = dict(exit_code=1, reason="exit code 1",
                  log_tail='Traceback (most recent call last):\n  File "train.py", line 211\nKeyError: \'labels\'')
 
@@ -77,14 +81,15 @@ def test_a_failure_without_node_evidence_waits_for_the_grace(cfg) -> None:
     assert early.verdicts == [] and early.tick_at == WALL + GRACE
 
 
-def test_an_nccl_timeout_without_node_evidence_is_retried_and_counted_against_each_node(cfg) -> None:
+def test_an_nccl_timeout_without_node_evidence_is_unknown_retried_once_and_counted_against_each_node(cfg) -> None:
     hist = _running(cfg)
     _fail(hist, cfg, T0 + 6, **NCCL)
     tick = JobNotice(ts=T0 + 9, job=JOB, node="-", kind="tick", fault_class=FaultClass.unknown, incident="-")
     d = job_on_notice(hist, tick, cfg, WALL + GRACE)
     v, a = _only(d)
     assert a.action is ActionName.retry
-    assert v.fault_class is FaultClass.transient_software
+    assert v.fault_class is FaultClass.unknown
+    assert v.evidence["decided_by"] == "nccl_watchdog_timeout" and v.evidence["triage"]["why"]
     assert [(n.node, n.kind, n.job, n.job_nodes, n.origin) for n in d.node_notices] == [
         (n, "job_failed", JOB, len(NODES), False) for n in NODES]
 
@@ -124,7 +129,7 @@ def test_a_node_fault_from_long_before_the_failure_is_no_evidence_and_does_not_c
                                        fault_class=FaultClass.gpu_memory), cfg, WALL + 1)
     assert d.verdicts == []
     v, a = _only(job_on_tick(hist, cfg, WALL + GRACE, T0 + 4003))
-    assert a.action is ActionName.retry and v.fault_class is FaultClass.transient_software
+    assert a.action is ActionName.retry and v.fault_class is FaultClass.unknown
 
 
 def test_a_node_fault_on_a_node_the_job_does_not_use_is_no_evidence(cfg) -> None:
@@ -158,7 +163,8 @@ def test_transient_failures_beyond_the_retry_budget_are_requeued(cfg) -> None:
     actions = []
     for attempt in range(1, cfg.transient_retries + 3):
         _running(cfg, attempt=attempt, hist=hist, ts=T0 + 100 * attempt)
-        _, a = _only(_judged(hist, cfg, T0 + 100 * attempt + 50, attempt=attempt, **NCCL))
+        v, a = _only(_judged(hist, cfg, T0 + 100 * attempt + 50, attempt=attempt, **PREEMPTED))
+        assert v.fault_class is FaultClass.transient_software and v.evidence["decided_by"] == "scheduler_preempted"
         actions.append(a.action)
     assert actions[: cfg.transient_retries] == [ActionName.retry] * cfg.transient_retries
     assert set(actions[cfg.transient_retries:]) == {ActionName.requeue}

@@ -149,17 +149,33 @@ def test_failures_of_small_jobs_carry_enough_blame_to_isolate(cfg) -> None:
     assert ActionName.isolate in _actions(v) and v.evidence["blame"] == 1.25
 
 
-def test_failures_that_keep_beginning_on_one_node_isolate_it_whatever_the_job_size(cfg) -> None:
-    # one 512-node job restarted in place fails three times, each time first on this node
+def test_failures_of_different_jobs_that_keep_beginning_on_one_node_isolate_it_whatever_the_job_size(cfg) -> None:
+    # three 512-node jobs each fail first on this node
     h = new_node_health()
-    ds = [node_on_notice(h, node_notice(NODE, "job_failed", "job-a", T0 + 3600 * i, job_nodes=512, origin=True,
-                                        attempt=i + 1), cfg) for i in range(3)]
+    ds = [node_on_notice(h, node_notice(NODE, "job_failed", f"job-{c}", T0 + 3600 * i, job_nodes=512, origin=True,
+                                        attempt=1), cfg) for i, c in enumerate("abc")]
     assert ds[0].verdicts == ds[1].verdicts == []
     [v] = ds[2].verdicts
     assert ActionName.isolate in _actions(v) and ActionName.diagnose in _actions(v)
     assert v.fault_class is FaultClass.unknown
-    assert v.evidence["failures_began_here"] == [["job-a", 1], ["job-a", 2], ["job-a", 3]]
+    assert v.evidence["failed_jobs"] == ["job-a", "job-b", "job-c"]
+    assert v.evidence["failures_began_here"] == [["job-a", 1], ["job-b", 1], ["job-c", 1]]
     assert h["state"] == ISOLATED
+
+
+def test_one_jobs_retries_beginning_on_its_rank0_node_never_make_that_node_suspect(cfg) -> None:
+    # a user's bug retried in place: Kubernetes reports the rank-0 pod first every time
+    h = new_node_health()
+    for i in range(6):
+        d = node_on_notice(h, node_notice(NODE, "job_failed", "job-a", T0 + 600 * i, job_nodes=4, origin=True,
+                                          attempt=i + 1), cfg)
+        assert d.verdicts == []
+    assert h["state"] == HEALTHY
+    # a second and a third job beginning here are what counts
+    node_on_notice(h, node_notice(NODE, "job_failed", "job-b", T0 + 7000, job_nodes=512, origin=True), cfg)
+    d = node_on_notice(h, node_notice(NODE, "job_failed", "job-c", T0 + 7100, job_nodes=512, origin=True), cfg)
+    [v] = d.verdicts
+    assert v.evidence["failed_jobs"] == ["job-a", "job-b", "job-c"]
 
 
 def test_a_replayed_failure_or_one_begun_elsewhere_does_not_count_as_beginning_here(cfg) -> None:
@@ -176,8 +192,8 @@ def test_failures_that_began_here_longer_ago_than_the_origin_window_do_not_count
     h = new_node_health()
     step = cfg.repeat_origin_window_s / 2 + 1
     for i in range(4):
-        d = node_on_notice(h, node_notice(NODE, "job_failed", "job-a", T0 + step * i, job_nodes=512, origin=True,
-                                          attempt=i + 1), cfg)
+        d = node_on_notice(h, node_notice(NODE, "job_failed", f"job-{i}", T0 + step * i, job_nodes=512, origin=True,
+                                          attempt=1), cfg)
         assert d.verdicts == []
 
 
