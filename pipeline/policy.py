@@ -536,15 +536,20 @@ def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySe
 
     * **hardware** (an Xid line, an uncorrectable ECC error, a GPU off the bus): requeue
       without the node it names, and tell that node's owner, which isolates it;
-    * **network** (fabric errors): requeue without the node it names; its nodes hear of it;
     * **user** (the code, its inputs or its environment): retry ``user_error_retries``
       times, then stop;
     * **transient** (preemption, a failing service): retry ``transient_retries`` times,
       then requeue;
-    * **elsewhere / unknown** (a watchdog timeout, a lost peer, a bare signal): answer
-      ``unknown`` with the reason and retry once.  The same failure again on the same
-      nodes moves the job to a new placement; the same failure on other nodes is the
-      job's own (stop); ``unknown_repeats`` of them on the same nodes stop it for a person.
+    * **contained** (an Xid the driver contained to the application): restart in place;
+    * **suspect** and **network** (errors a failing GPU or NIC raises as often as a
+      faulty program or setup), **elsewhere** and **unknown** (a watchdog timeout, a lost
+      peer, a bare signal: weak evidence, answered ``unknown`` with the reason): run it
+      once more, on new nodes (requeue, without the node the failure points at), which
+      tells the nodes' fault from the job's.
+
+    Whatever the kind but hardware, user and transient: the same failure (signature) on
+    other nodes follows the job, not the nodes, and stops it; ``unknown_repeats`` of them
+    on the same nodes stop it for a person.
 
     Failures whose output could be the node's fault are reported to each node of the job
     (``job_failed``, with the node where it began), for the node track's repeat rules.
@@ -565,17 +570,15 @@ def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySe
         d.verdicts.append(_job_verdict(hist, ts, incident, FaultClass(fc), action, confidence,
                                        {**ev, "decided_by": decided_by}, params))
 
+    elsewhere = [f for f in previous if _other_placement(f, failure)]
+    move = {"exclude": [suspect] if suspect else [], "from_checkpoint": True}
     if kind == "hardware":
-        verdict(tri["fault_class"], ActionName.requeue, 0.9, rule,
-                {"exclude": [suspect] if suspect else [], "from_checkpoint": True})
+        verdict(tri["fault_class"], ActionName.requeue, 0.9, rule, move)
         if suspect:
             d.node_notices.append(NodeNotice(
                 ts=ts, node=suspect, kind="hardware_failure", job=hist["job"], attempt=failure["attempt"],
                 reason=tri["evidence"].get("why"), signature=incident, fault_class=FaultClass(tri["fault_class"]),
                 evidence={"triage": tri["evidence"], "job": hist["job"], "attempt": failure["attempt"]}))
-    elif kind == "network":
-        verdict(tri["fault_class"], ActionName.requeue, 0.7, rule,
-                {"exclude": [suspect] if suspect else [], "from_checkpoint": True})
     elif kind == "user":
         if hist["retries"]["user"] >= cfg.user_error_retries:
             verdict(FaultClass.user_error, ActionName.stop, 0.9 if tri["strong"] else 0.75, rule)
@@ -589,24 +592,23 @@ def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySe
         else:
             hist["retries"]["transient"] += 1
             verdict(FaultClass.transient_software, ActionName.retry, 0.7, rule)
-    else:  # elsewhere, unknown: weak evidence
-        elsewhere = [f for f in previous if _other_placement(f, failure)]
-        if elsewhere:
-            ev["other_placements"] = [f["nodes"][:8] for f in elsewhere[-2:]]
-            verdict(FaultClass.user_error, ActionName.stop, 0.8, "same_failure_on_other_nodes")
-            hist["status"] = "stopped"
-        elif len(previous) + 1 >= cfg.unknown_repeats:
-            verdict(FaultClass.unknown, ActionName.stop, 0.5, "same_failure_repeats",
-                    {"escalate": True, "reason": f"failed {len(previous) + 1} times the same way; no cause found"})
-            hist["status"] = "stopped"
-        elif previous or hist["retries"].get("unknown", 0) >= 1:
-            # again on the same nodes: run it elsewhere, which tells the job's fault from the nodes'
-            verdict(FaultClass.unknown, ActionName.requeue, 0.5,
-                    "same_failure_same_nodes" if previous else rule,
-                    {"exclude": [suspect] if suspect else [], "from_checkpoint": True})
-        else:
-            hist["retries"]["unknown"] = hist["retries"].get("unknown", 0) + 1
-            verdict(FaultClass.unknown, ActionName.retry, 0.5, rule)
+    elif elsewhere:
+        # the same failure on other nodes follows the job, not the nodes
+        ev["other_placements"] = [f["nodes"][:8] for f in elsewhere[-2:]]
+        verdict(FaultClass.user_error, ActionName.stop, 0.8, "same_failure_on_other_nodes")
+        hist["status"] = "stopped"
+    elif len(previous) + 1 >= cfg.unknown_repeats:
+        verdict(FaultClass.unknown, ActionName.stop, 0.5, "same_failure_repeats",
+                {"escalate": True, "reason": f"failed {len(previous) + 1} times the same way; no cause found"})
+        hist["status"] = "stopped"
+    elif kind == "contained" and not previous:
+        verdict(tri["fault_class"], ActionName.restart, 0.8, rule, {"from_checkpoint": True})
+    else:
+        # suspect, network, elsewhere, unknown: the GPU, the NIC, another rank or the program?
+        # Running it once more on new nodes tells the nodes' fault from the job's
+        fc = FaultClass.unknown if kind in ("elsewhere", "unknown") else tri["fault_class"]
+        verdict(fc, ActionName.requeue, {"suspect": 0.5, "network": 0.7}.get(kind, 0.5),
+                "same_failure_same_nodes" if previous else rule, move)
     if tri["blames_nodes"] and kind != "hardware" or (kind == "hardware" and not suspect):
         origin = failure.get("named") or failure.get("origin")
         for n in failure["nodes"]:

@@ -43,7 +43,7 @@ from .nvrm import parse_xid
 
 __all__ = ["Reading", "Triage", "classify", "read_failure", "triage", "signature_basis"]
 
-Kind = Literal["hardware", "network", "user", "transient", "elsewhere", "unknown"]
+Kind = Literal["hardware", "contained", "suspect", "network", "user", "transient", "elsewhere", "unknown"]
 
 #: the most text read from the end of a log (a longer tail is cut at a line break)
 MAX_READ = 64 * 1024
@@ -81,6 +81,21 @@ class Reading:
     network: list[str] = field(default_factory=list)
     #: peers that went away: connection reset/closed/refused, broken pipe, store timeouts
     peer_lost: list[str] = field(default_factory=list)
+    #: exit codes a launcher reports for its workers ("failed (exitcode: 2)", "exits with
+    #: return code = -9", "Exited with exit code 1", "returned non-zero exit status 1")
+    launcher_exit: list[int] = field(default_factory=list)
+    #: a command line the program refused (argparse's ``prog: error: ...``)
+    argument_error: str | None = None
+    #: HTTP status codes of failed requests (a hub, a registry, an object store)
+    http_status: list[int] = field(default_factory=list)
+    #: the cluster's own notice that the job or its node was preempted
+    preempted: str | None = None
+    #: a container image that could not be pulled: ("timeout" | "missing", text)
+    image_pull: tuple[str, str] | None = None
+    #: too little shared memory for the job (a container's /dev/shm)
+    shm: str | None = None
+    #: NVIDIA's own tools saying a GPU failed (DCGM diagnostics, nvidia-smi's remap state)
+    diagnostics: list[str] = field(default_factory=list)
     #: the last line that says what went wrong (for the signature)
     last_error: str = ""
 
@@ -88,7 +103,8 @@ class Reading:
         """The non-empty fields, for a verdict's evidence."""
         out: dict[str, Any] = {}
         for k in ("exit_code", "signal", "scheduler_reason", "torchrun", "cuda_errors", "nccl_errors",
-                  "nccl_watchdog", "xids", "hardware", "network", "peer_lost"):
+                  "nccl_watchdog", "xids", "hardware", "network", "peer_lost", "launcher_exit", "argument_error",
+                  "http_status", "preempted", "image_pull", "shm", "diagnostics"):
             v = getattr(self, k)
             if v not in (None, [], False, ""):
                 out[k] = v
@@ -169,6 +185,7 @@ CUDA_MESSAGES = (
     ("forward compatibility was attempted on non supported hw", "cudaErrorCompatNotSupportedOnDevice"),
     ("no cuda-capable device is detected", "cudaErrorNoDevice"),
     ("cuda-capable device(s) is/are busy or unavailable", "cudaErrorDevicesUnavailable"),
+    ("all cuda-capable devices are busy or unavailable", "cudaErrorDevicesUnavailable"),
     ("system not yet initialized", "cudaErrorSystemNotReady"),
     ("initialization error", "cudaErrorInitializationError"),
     ("peer access is not supported between these two devices", "cudaErrorPeerAccessUnsupported"),
@@ -234,6 +251,7 @@ LIB_STATUS_KIND: dict[str, tuple[Kind, FaultClass, bool]] = {
 NCCL_MESSAGES = (
     ("unhandled cuda error", "ncclUnhandledCudaError"),
     ("unhandled system error", "ncclSystemError"),
+    ("unhanled system error", "ncclSystemError"),
     ("internal error", "ncclInternalError"),
     ("invalid argument", "ncclInvalidArgument"),
     ("invalid usage", "ncclInvalidUsage"),
@@ -241,8 +259,8 @@ NCCL_MESSAGES = (
 )
 _NCCL_NAMED = re.compile(r"\b(nccl(?:UnhandledCudaError|SystemError|InternalError|InvalidArgument|InvalidUsage|"
                          r"RemoteError|InProgress))\b")
-_NCCL_ERROR_LINE = re.compile(r"NCCL error\b|ncclCommInitRank|ProcessGroupNCCL|DistBackendError|NCCL communicator",
-                              re.IGNORECASE)
+_NCCL_ERROR_LINE = re.compile(r"NCCL error\b|NCCL failure|ncclCommInitRank|ProcessGroupNCCL|DistBackendError|"
+                              r"NCCL communicator|Last NCCL (?:warning|error)|failed: *$", re.IGNORECASE)
 #: ``host:pid:tid [rank] NCCL WARN message``
 _NCCL_WARN = re.compile(r"^(?:(?P<host>[\w.-]+):\d+:\d+\s+)?\[\d+\]\s+NCCL WARN\s+(?P<msg>.*)$")
 _NCCL_CUDA_FAILURE = re.compile(r"Cuda failure(?: \d+)? '([^']+)'", re.IGNORECASE)
@@ -263,7 +281,10 @@ _NETWORK = re.compile(
     r"NET/IB\s*:.*(?:Got completion|error|failed)|IBV_WC_\w+|\bibv_\w+ failed|ibv_poll_cq|"
     r"transport retry counter exceeded|\bwr_id\b.*\bstatus\b|\bmlx5_core\b.*(?:link down|Link down|err|fatal)|"
     r"\bLink down\b|local (?:protection|length) error|remote (?:access|operation|invalid request) error|"
-    r"NET/IB\s*:\s*No device found|NET/Plugin|PCIe Bus Error|AER:.*error",
+    r"NET/IB\s*:\s*No device found|NET/Plugin|PCIe Bus Error|AER:.*error|"
+    r"\bstate:?\s+(?:DOWN|Down|INIT|Initializing)\b.*\bphys(?:ical)?_?\s?state:?\s+(?!LinkUp|LINK_UP)\w+|"
+    r"Physical state:\s+(?:Polling|Disabled|Sleep|LinkErrorRecovery)|"
+    r"device '[^']*': sys files not found \(/sys/class/infiniband",
     re.IGNORECASE)
 #: the other end went away: a consequence of a failure elsewhere, or of the network
 _PEER_LOST = re.compile(
@@ -274,8 +295,39 @@ _PEER_LOST = re.compile(
     r"RendezvousConnectionError|Rendezvous.*(?:timed out|closed)|DistStoreError|DistNetworkError|"
     r"NCCL communicator was aborted|Process group watchdog thread terminated",
     re.IGNORECASE)
-_SHM = re.compile(r"(?:creating|create) shared memory segment|/dev/shm|shm_open|No space left on device",
+_SHM = re.compile(r"insufficient shared memory|(?:creating|create) shared memory segment|shm_open|"
+                  r"/dev/shm\b.*(?:No space left|too small|full)|unable to write to file </torch_\w+>",
                   re.IGNORECASE)
+#: launchers reporting a worker's exit: torchrun, the DeepSpeed and accelerate launchers, srun, subprocess
+_LAUNCHER_EXIT = re.compile(
+    r"failed \(exitcode: (-?\d+)\)|exits with return code = (-?\d+)|Exited with exit code (\d+)|"
+    r"returned non-zero exit status (-?\d+)|exit(?:ed)? with (?:error |exit )?code:? (-?\d+)|"
+    r"exit status (-?\d+)\b|Training process finished\. Exit code: (-?\d+)", re.IGNORECASE)
+_ARGPARSE = re.compile(r"^[\w./-]+: error: (unrecognized arguments|the following arguments are required|argument |"
+                       r"invalid choice|ambiguous option|expected one argument)(.*)$")
+_HTTP = re.compile(r"\b(?:HTTP Error|HTTPError:?|Status(?: code)?:?|status_code=|Client Error|Server Error)\s*:?\s*"
+                   r"(4\d\d|5\d\d)\b|\b(4\d\d|5\d\d) (?:Client|Server) Error\b|\b(429|50[0234]) "
+                   r"(?:Too Many Requests|Internal Server Error|Bad Gateway|Service Unavailable|Gateway Time-?out)",
+                   re.IGNORECASE)
+_PREEMPTED = re.compile(r"\b(?:was|is|been|being|got|job|node|instance|vm) (?:preempted|reclaimed)\b|"
+                        r"\bpreemption notice\b|\bDUE TO PREEMPTION\b|\bspot (?:instance )?(?:interruption|termination)\b|"
+                        r"\bPreempted\b", re.IGNORECASE)
+_IMAGE_PULL = re.compile(r"Failed to pull image|ErrImagePull|ImagePullBackOff|error pulling image|"
+                         r"pull access denied|manifest unknown|error pinging docker registry", re.IGNORECASE)
+_TIMEOUTISH = re.compile(r"i/o timeout|timed out|TLS handshake timeout|connection reset|temporary failure|"
+                         r"EOF\b|503|502|504|429|too many requests", re.IGNORECASE)
+#: nvidia-smi -q: a row remap waits for the next GPU reset (the GPU needs one)
+_REMAP_PENDING = re.compile(r"^\s*Pending\s*:\s*Yes\s*$")
+#: NVIDIA's tools reporting a failed GPU: DCGM diagnostics and nvidia-smi's row-remapping state
+_DIAG = re.compile(r"\|\s*(?:Fail|FAIL)\s*-\s*GPU|\bdcgmi? diag\b.*\bfail|Remapping Failure Occurred\s*:\s*Yes|"
+                   r"Uncorrectable Error\s*:\s*[1-9]|DRAM Uncorrectable\s*:\s*[1-9]|SRAM Uncorrectable\s*:\s*[1-9]",
+                   re.IGNORECASE)
+#: NCCL's warning line in every version: ``host:pid:tid [dev] file.cc:123 NCCL WARN msg``,
+#: older ``include/socket.h:344 WARN msg``
+_NCCL_WARN_ANY = re.compile(r"^(?:(?P<host>[\w.-]+):\d+:\d+\s+\[\d+\]\s+)?(?:[\w./-]+\.(?:cc|cu|h|cpp):\d+\s+)?"
+                            r"(?:NCCL\s+)?WARN\s+(?P<msg>.*)$")
+_NCCL_NET_WARN = re.compile(r"socket|NET/|\bIB\b|ibv|verbs|interface|bootstrap|address family|connect|"
+                            r"\bRDMA\b|GDR|peermem|plugin|libfabric|EFA|\bmr\b|register", re.IGNORECASE)
 
 #: Python exceptions that say the code, its inputs or its environment are wrong
 USER_EXCEPTIONS = frozenset({
@@ -377,10 +429,12 @@ def _cuda_errors(line: str) -> list[str]:
     return found
 
 
-def _nccl_errors(line: str) -> list[str]:
+def _nccl_errors(line: str, following: str = "") -> list[str]:
+    """NCCL result codes on ``line`` (by name, or by ncclGetErrorString's text on a line
+    that speaks of NCCL, or on the line after it: NCCL's messages wrap)."""
     found = list(_NCCL_NAMED.findall(line))
     if not found and _NCCL_ERROR_LINE.search(line):
-        low = line.lower()
+        low = f"{line} {following}".lower()
         for text, name in NCCL_MESSAGES:
             if text in low:
                 found.append(name)
@@ -390,6 +444,10 @@ def _nccl_errors(line: str) -> list[str]:
 
 def _uniq(xs: list[Any]) -> list[Any]:
     return list(dict.fromkeys(xs))
+
+
+def _first_int(m: re.Match[str]) -> int | None:
+    return next((int(g) for g in m.groups() if g is not None), None)
 
 
 def read_failure(exit_code: int | None, reason: str | None, log_tail: str | None) -> Reading:
@@ -405,7 +463,7 @@ def read_failure(exit_code: int | None, reason: str | None, log_tail: str | None
 
     # the scheduler's word
     for word in re.findall(r"[A-Za-z_]+", reason):
-        w = K8S_REASONS.get(word.lower()) or K8S_REASONS.get(word)
+        w = K8S_REASONS.get(word.lower())
         if w:
             r.scheduler_reason = w
             break
@@ -414,10 +472,11 @@ def read_failure(exit_code: int | None, reason: str | None, log_tail: str | None
         if m and m.group(1) not in ("FAILED", "CANCELLED"):
             r.scheduler_reason = m.group(1)
     errors: list[str] = []
-    for ln in lines:
+    for i, ln in enumerate(lines):
         s = ln.strip()
         if not s:
             continue
+        following = lines[i + 1].strip() if i + 1 < len(lines) else ""
         m = _STEPD.search(s)
         if m and r.scheduler_reason is None:
             r.scheduler_reason = _STEPD_REASONS.get((m.group(1) or "").strip(), "CANCELLED")
@@ -429,16 +488,45 @@ def read_failure(exit_code: int | None, reason: str | None, log_tail: str | None
                 name = sig.group(2) or sig.group(4) or sig.group(5)
                 num = sig.group(1) or sig.group(3) or sig.group(6)
                 r.signal = name.upper() if name else _signal_name(int(num))
+        le = _LAUNCHER_EXIT.search(s)
+        if le:
+            code = _first_int(le)
+            if code is not None:
+                r.launcher_exit.append(code)
+        ap = _ARGPARSE.match(s)
+        if ap and r.argument_error is None:
+            r.argument_error = s[:300]
+            errors.append(s)
+        for h in _HTTP.finditer(s):
+            code = _first_int(h)
+            if code is not None:
+                r.http_status.append(code)
+        if r.preempted is None and _PREEMPTED.search(s):
+            r.preempted = s[:300]
+        if r.image_pull is None and _IMAGE_PULL.search(s):
+            r.image_pull = ("timeout" if _TIMEOUTISH.search(s) else "missing", s[:300])
+            errors.append(s)
+        if r.shm is None and _SHM.search(s):
+            r.shm = s[:300]
+            errors.append(s)
+        if _REMAP_PENDING.match(ln) and any("Remapped Rows" in x for x in lines[max(0, i - 4):i]):
+            r.diagnostics.append("row remapping pending: the GPU needs a reset")
+        if _DIAG.search(s):
+            r.diagnostics.append(s[:200])
+            errors.append(s)
         x = parse_xid(s)
         if x is not None:
             r.xids.append(x.code)
             errors.append(s)
-        w = _NCCL_WARN.match(s)
+        w = _NCCL_WARN.match(s) or _NCCL_WARN_ANY.match(s)
         if w:
             r.nccl_warns.append((w.group("host"), w.group("msg")))
             cf = _NCCL_CUDA_FAILURE.search(w.group("msg"))
             if cf:
                 r.cuda_errors.extend(_cuda_errors("CUDA error: " + cf.group(1)))
+            elif _NCCL_NET_WARN.search(w.group("msg")):
+                r.network.append("NCCL WARN " + w.group("msg")[:120])
+            errors.append(s)
         e = _EXC.match(s)
         if e:
             r.exceptions.append((e.group("type"), (e.group("msg") or "").strip()))
@@ -447,7 +535,7 @@ def read_failure(exit_code: int | None, reason: str | None, log_tail: str | None
         if cuda:
             r.cuda_errors.extend(cuda)
             errors.append(s)
-        nccl = _nccl_errors(s)
+        nccl = _nccl_errors(s, following)
         if nccl:
             r.nccl_errors.extend(nccl)
             errors.append(s)
@@ -465,19 +553,20 @@ def read_failure(exit_code: int | None, reason: str | None, log_tail: str | None
         peer = _PEER_LOST.search(s)
         if peer:
             r.peer_lost.append(peer.group(0))
-        if _SHM.search(s) and (w or "NCCL" in s):
-            r.network.append("shm:" + _SHM.search(s).group(0))  # type: ignore[union-attr]
         if e is None and re.search(r"\b(?:error|fatal|failed|failure)\b", s, re.IGNORECASE):
             errors.append(s)
-    for k in ("cuda_errors", "nccl_errors", "hardware", "network", "peer_lost", "xids"):
+    for k in ("cuda_errors", "nccl_errors", "hardware", "network", "peer_lost", "xids", "http_status",
+              "diagnostics"):
         setattr(r, k, _uniq(getattr(r, k)))
     r.torchrun = _torchrun(lines)
     if r.torchrun:
-        if r.exit_code is None or r.exit_code in (0, 1):
-            code = r.torchrun.get("exitcode")
-            r.signal = r.signal or r.torchrun.get("signal")
-            if code is not None and r.exit_code is None:
-                r.exit_code = code
+        r.signal = r.signal or r.torchrun.get("signal")
+        if r.exit_code is None and r.torchrun.get("exitcode") is not None:
+            r.exit_code = r.torchrun["exitcode"]
+    if r.exit_code is None and r.launcher_exit:
+        r.exit_code = r.launcher_exit[0]
+    if r.signal is None and r.exit_code is not None:
+        r.signal = _signal_of_exit(r.exit_code)
     own = [x for x in r.exceptions if x[0].rsplit(".", 1)[-1] not in WRAPPERS]
     r.exception = own[-1] if own else None
     r.last_error = errors[-1] if errors else next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
@@ -513,17 +602,37 @@ def _short(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def _xid_kind(codes: list[int]) -> tuple[FaultClass, int] | None:
-    """The first Xid in the text whose table row takes the node out."""
-    for c in codes:
-        info = xid_lookup(c)
-        if info.hardware:
-            return FaultClass(info.fault_class), c
+def _xid_in_text(codes: list[int]) -> tuple[str, FaultClass, int] | None:
+    """The first Xid in the text that says something: ``isolate`` (the node must go) or
+    ``restart_app`` (contained to the application), by the catalog's action."""
+    for action in ("isolate", "restart_app"):
+        for c in codes:
+            info = xid_lookup(c)
+            if info.action == action:
+                return action, FaultClass(info.fault_class), c
     return None
 
 
 def classify(r: Reading, nodes: list[str] | None = None) -> Triage:
-    """The cause a failure's reading points at (first rule that matches wins)."""
+    """The cause a failure's reading points at (the first rule that matches wins).
+
+    Kinds, and what the job track does with them (:mod:`pipeline.policy`):
+
+    * ``hardware``: only failing hardware prints this (an Xid that takes the node out, an
+      uncorrectable ECC or NVLink error, a GPU off the bus or lost, NVIDIA's diagnostics
+      failing a GPU): requeue without the node it names, isolate that node;
+    * ``contained``: an Xid the driver contained to the application (94): restart;
+    * ``suspect``: errors a failing GPU raises as often as a faulty program (an unknown
+      CUDA error, an unspecified launch failure, NCCL's unhandled CUDA error): requeue on
+      other nodes, which tells the two apart;
+    * ``network``: the fabric, the NIC or the node's network setup (NCCL system and
+      internal errors, verbs work-completion errors, NCCL's network warnings): requeue;
+    * ``user``: the program, its inputs or its environment: retry once, then stop;
+    * ``transient``: preemption, eviction, a service that failed a request: retry;
+    * ``elsewhere``: a watchdog timeout or a lost peer: the cause is another rank, not
+      named: retry once;
+    * ``unknown``: nothing names a cause: retry once.
+    """
     nodes = nodes or []
     facts = r.facts()
 
@@ -533,18 +642,28 @@ def classify(r: Reading, nodes: list[str] | None = None) -> Triage:
                       node=node, facts=facts)
 
     named = _named_node(r, nodes)
+    exc_type = _short(r.exception[0]) if r.exception else None
+
     # 1. the hardware's own words
-    hx = _xid_kind(r.xids)
-    if hx is not None:
-        return t("hardware", hx[0], "xid_in_log", f"the driver reported Xid {hx[1]}", True, True, named)
+    xid = _xid_in_text(r.xids)
+    if xid is not None and xid[0] == "isolate":
+        return t("hardware", xid[1], "xid_in_log", f"the driver reported Xid {xid[2]}", True, True, named)
     hw_cuda = [c for c in r.cuda_errors if CUDA_KIND[c][0] == "hardware"]
     if hw_cuda:
         return t("hardware", CUDA_KIND[hw_cuda[0]][1], "cuda_hardware_error",
                  f"the CUDA runtime reported {hw_cuda[0]}", True, True, named)
     if r.hardware:
-        fc = FaultClass.gpu_memory if "ecc" in r.hardware[0].lower() or "remap" in r.hardware[0].lower() \
-            else FaultClass.nvlink if "nvlink" in r.hardware[0].lower() else FaultClass.gpu_hardware
+        low = r.hardware[0].lower()
+        fc = (FaultClass.gpu_memory if "ecc" in low or "remap" in low or "dbe" in low
+              else FaultClass.nvlink if "nvlink" in low else FaultClass.gpu_hardware)
         return t("hardware", fc, "hardware_message", f"the driver said: {r.hardware[0]}", True, True, named)
+    if r.diagnostics:
+        return t("hardware", FaultClass.gpu_memory if "remap" in r.diagnostics[0].lower()
+                 or "correctable" in r.diagnostics[0].lower() else FaultClass.gpu_hardware,
+                 "nvidia_diagnostics", f"NVIDIA's diagnostics failed a GPU: {r.diagnostics[0]}", True, True, named)
+    if xid is not None:
+        return t("contained", xid[1], "xid_contained",
+                 f"the driver contained Xid {xid[2]} to the application: restart it, the node stays", True, False)
 
     # 2. the scheduler's decision
     sr = r.scheduler_reason
@@ -560,52 +679,73 @@ def classify(r: Reading, nodes: list[str] | None = None) -> Triage:
                  f"the job reached the time limit it was given ({sr}): running it again ends the same way",
                  True, False)
     if sr in ("NODE_FAIL", "BOOT_FAIL", "NodeLost"):
-        return t("unknown", FaultClass.unknown, "scheduler_node_failure",
+        return t("suspect", FaultClass.unknown, "scheduler_node_failure",
                  f"the scheduler lost a node of the job ({sr})", False, True, named)
+    if r.preempted:
+        return t("transient", FaultClass.transient_software, "preempted",
+                 f"the cluster preempted the job or its node: {r.preempted[:120]}", True, False)
+    if r.image_pull is not None:
+        if r.image_pull[0] == "timeout":
+            return t("transient", FaultClass.transient_software, "image_pull_timeout",
+                     "the container image could not be pulled in time", False, False)
+        return t("user", FaultClass.user_error, "image_missing", "the container image could not be pulled",
+                 True, False)
     if sr in ("CreateContainerConfigError", "InvalidImageName", "ErrImagePull", "ImagePullBackOff",
               "ContainerCannotRun", "StartError", "CreateContainerError"):
         return t("user", FaultClass.user_error, "container_config",
                  f"the container could not start ({sr})", False, False)
 
-    # 3. NCCL: its result code, the CUDA error behind it, its own warnings
-    if r.network:
-        if any(n.startswith("shm:") for n in r.network):
-            return t("user", FaultClass.user_error, "nccl_shared_memory",
-                     "NCCL could not create its shared memory segment: the container's /dev/shm is too small",
-                     True, False)
-        return t("network", FaultClass.node_network, "fabric_error",
-                 f"the fabric reported: {r.network[0]}", False, True, named)
+    # 3. the program's environment and command line
+    if r.shm:
+        return t("user", FaultClass.user_error, "shared_memory",
+                 "too little shared memory for the job (the container's /dev/shm)", True, False)
+    if r.argument_error:
+        return t("user", FaultClass.user_error, "argument_error",
+                 f"the program refused its command line: {r.argument_error[:120]}", True, False)
+
+    # 4. NCCL: its result code, the CUDA error behind it, its own warnings
     user_nccl = [c for c in r.nccl_errors if c in ("ncclInvalidUsage", "ncclInvalidArgument")]
     if user_nccl:
         return t("user", FaultClass.user_error, "nccl_invalid_usage",
                  f"NCCL refused the call ({user_nccl[0]})", True, False)
+    if r.network:
+        return t("network", FaultClass.node_network, "fabric_error",
+                 f"the network reported: {r.network[0]}", False, True, named)
 
-    # 4. the CUDA runtime
+    # 5. the CUDA runtime
     if r.cuda_errors:
         name = _strongest_cuda(r.cuda_errors)
         kind, fc, strong = CUDA_KIND[name]
         if kind == "unknown":
-            return t("unknown", FaultClass.unknown, "cuda_error_ambiguous",
-                     f"{name}: raised by failing GPUs and by faulty kernels alike", False, True, named)
+            return t("suspect", FaultClass.gpu_hardware, "cuda_error_ambiguous",
+                     f"{name}: raised by failing GPUs and by faulty programs alike", False, True, named)
         return t(kind, fc, "cuda_error", f"the CUDA runtime reported {name}", strong, kind != "user", named)
     status = [s for s in re.findall(r"\b\w+_STATUS_\w+\b", " ".join(e[1] for e in r.exceptions))
               if s in LIB_STATUS_KIND]
     if status:
         kind, fc, strong = LIB_STATUS_KIND[status[0]]
         return t(kind, fc, "cuda_library_status", f"a CUDA library returned {status[0]}", strong, False)
+    if "ncclUnhandledCudaError" in r.nccl_errors:
+        return t("suspect", FaultClass.gpu_hardware, "nccl_unhandled_cuda_error",
+                 "NCCL hit a CUDA error it does not name", False, True, named)
+    sys_nccl = [c for c in r.nccl_errors if c in ("ncclSystemError", "ncclInternalError", "ncclRemoteError")]
+    if sys_nccl:
+        return t("network", FaultClass.node_network, "nccl_system_error",
+                 f"NCCL reported {sys_nccl[0]}: a socket, the fabric or a peer failed", False, True, named)
 
-    # 5. the Python exception of the worker that failed first
-    exc = r.exception
-    if exc is not None:
-        typ = _short(exc[0])
-        if typ in USER_EXCEPTIONS:
-            return t("user", FaultClass.user_error, "python_exception",
-                     f"the code raised {typ}", True, False)
-        if typ in TRANSIENT_EXCEPTIONS and not r.nccl_watchdog:
+    # 6. the Python exception of the worker that failed first
+    if exc_type is not None:
+        if exc_type in USER_EXCEPTIONS:
+            return t("user", FaultClass.user_error, "python_exception", f"the code raised {exc_type}", True, False)
+        if exc_type in TRANSIENT_EXCEPTIONS and not r.nccl_watchdog:
             return t("transient", FaultClass.transient_software, "transient_exception",
-                     f"a network call or service failed ({typ})", False, True)
+                     f"a network call or service failed ({exc_type})", False, True)
+    if any(c == 429 or c >= 500 for c in r.http_status):
+        code = next(c for c in r.http_status if c == 429 or c >= 500)
+        return t("transient", FaultClass.transient_software, "service_unavailable",
+                 f"a service answered HTTP {code}", False, False)
 
-    # 6. consequences of a failure elsewhere: a watchdog, a lost peer or store
+    # 7. consequences of a failure elsewhere: a watchdog, a lost peer or store
     if r.nccl_watchdog:
         return t("elsewhere", FaultClass.unknown, "nccl_watchdog_timeout",
                  "a collective timed out: some rank stopped or stalled, the text does not say which or why",
@@ -613,21 +753,19 @@ def classify(r: Reading, nodes: list[str] | None = None) -> Triage:
     if r.nccl_errors:
         return t("elsewhere", FaultClass.unknown, "nccl_error",
                  f"NCCL reported {r.nccl_errors[0]} without naming its cause", False, True, named)
-    if (exc is not None and _short(exc[0]) in ELSEWHERE_EXCEPTIONS) or r.peer_lost:
-        what = _short(exc[0]) if exc is not None and _short(exc[0]) in ELSEWHERE_EXCEPTIONS else r.peer_lost[0]
+    if (exc_type in ELSEWHERE_EXCEPTIONS) or r.peer_lost:
+        what = exc_type if exc_type in ELSEWHERE_EXCEPTIONS else r.peer_lost[0]
         return t("elsewhere", FaultClass.unknown, "peer_lost",
                  f"a peer, the store or the rendezvous went away ({what})", False, True, named)
-    if exc is not None:
-        typ = _short(exc[0])
-        if typ in ("RuntimeError", "Exception", "AssertionError") or typ.endswith("Error"):
-            return t("user", FaultClass.user_error, "python_exception_generic",
-                     f"the code raised {typ} with no sign of the GPU, NCCL or the network", False, False)
+    if exc_type is not None:
+        return t("user", FaultClass.user_error, "python_exception_generic",
+                 f"the code raised {exc_type} with no sign of the GPU, NCCL or the network", False, False)
 
-    # 7. signals alone
+    # 8. signals alone
     sig = r.signal
-    if sig == "SIGTERM":
-        return t("transient", FaultClass.transient_software, "sigterm",
-                 "the job was asked to stop (SIGTERM): preemption or a scheduler's decision", False, False)
+    if sig in ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGINT"):
+        return t("transient", FaultClass.transient_software, "stop_signal",
+                 f"the job was asked to stop ({sig}): preemption or a scheduler's decision", False, False)
     if sig == "SIGKILL":
         return t("unknown", FaultClass.unknown, "sigkill",
                  "killed (SIGKILL) with no reason given: the OOM killer or a scheduler", False, True, named)

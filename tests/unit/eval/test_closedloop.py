@@ -101,7 +101,7 @@ def test_micro_simulation_of_one_incident():
     assert o["job_action"] == "requeue" and o["job_exclude"] == [o["node"]]
     assert o["false_isolations"] == []
     t = closedloop.micro("nccl_timeout", 5, 0.0, fleet=2048)
-    assert t["job_action"] == "retry" and t["iso_s"] is None and t["job_class"] == "unknown"
+    assert t["job_action"] == "requeue" and t["iso_s"] is None and t["job_class"] == "unknown"
 
 
 def test_main_help(capsys):

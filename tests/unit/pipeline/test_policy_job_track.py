@@ -81,13 +81,14 @@ def test_a_failure_without_node_evidence_waits_for_the_grace(cfg) -> None:
     assert early.verdicts == [] and early.tick_at == WALL + GRACE
 
 
-def test_an_nccl_timeout_without_node_evidence_is_unknown_retried_once_and_counted_against_each_node(cfg) -> None:
+def test_an_nccl_timeout_without_node_evidence_is_unknown_run_once_more_elsewhere_and_counted_against_each_node(
+        cfg) -> None:
     hist = _running(cfg)
     _fail(hist, cfg, T0 + 6, **NCCL)
     tick = JobNotice(ts=T0 + 9, job=JOB, node="-", kind="tick", fault_class=FaultClass.unknown, incident="-")
     d = job_on_notice(hist, tick, cfg, WALL + GRACE)
     v, a = _only(d)
-    assert a.action is ActionName.retry
+    assert a.action is ActionName.requeue and a.params["exclude"] == []
     assert v.fault_class is FaultClass.unknown
     assert v.evidence["decided_by"] == "nccl_watchdog_timeout" and v.evidence["triage"]["why"]
     assert [(n.node, n.kind, n.job, n.job_nodes, n.origin) for n in d.node_notices] == [
@@ -129,7 +130,7 @@ def test_a_node_fault_from_long_before_the_failure_is_no_evidence_and_does_not_c
                                        fault_class=FaultClass.gpu_memory), cfg, WALL + 1)
     assert d.verdicts == []
     v, a = _only(job_on_tick(hist, cfg, WALL + GRACE, T0 + 4003))
-    assert a.action is ActionName.retry and v.fault_class is FaultClass.unknown
+    assert a.action is ActionName.requeue and v.fault_class is FaultClass.unknown
 
 
 def test_a_node_fault_on_a_node_the_job_does_not_use_is_no_evidence(cfg) -> None:
@@ -137,8 +138,8 @@ def test_a_node_fault_on_a_node_the_job_does_not_use_is_no_evidence(cfg) -> None
     _fail(hist, cfg, T0 + 6, **NCCL)
     d = job_on_notice(hist, job_notice(JOB, "node-0099", "node_fault", T0 + 7), cfg, WALL + 1)
     assert d.verdicts == []
-    _, a = _only(job_on_tick(hist, cfg, WALL + GRACE, T0 + 9))
-    assert a.action is ActionName.retry
+    v, a = _only(job_on_tick(hist, cfg, WALL + GRACE, T0 + 9))
+    assert a.action is ActionName.requeue and v.fault_class is FaultClass.unknown
 
 
 def test_the_same_traceback_twice_stops_the_job_as_a_user_error(cfg) -> None:
