@@ -258,6 +258,24 @@ class CollectSettings(_Section):
     switches: dict[str, str] = Field(
         default_factory=dict, description="port ('mlx5_0/1') or device ('mlx5_0') -> switch id it is cabled to")
     lldp_dir: str | None = Field(None, description="directory of LLDP-style neighbour labels per port")
+    kernel_log: str = Field(
+        "auto", description="the driver's Xid/SXid lines from the kernel log: auto (journald, else /dev/kmsg, "
+                            "else off), off, journald, journald:FILE (journal JSON lines), kmsg, kmsg:FILE, "
+                            "file:PATH (a syslog file)")
+    kernel_log_backlog: bool = Field(
+        False, description="also read what the kernel-log source holds already (default: new lines only)")
+    xid_merge_s: float = Field(
+        10.0, gt=0, le=600, description="one GPU's Xid seen by NVML and the kernel log (or repeated) within this "
+                                        "many seconds is one event")
+
+    @field_validator("kernel_log")
+    @classmethod
+    def _kernel_source(cls, v: str) -> str:
+        kind, _, arg = v.partition(":")
+        if kind not in ("auto", "off", "journald", "kmsg", "file") or (kind == "file" and not arg) or (
+                kind in ("auto", "off") and arg):
+            raise ValueError("expected auto, off, journald, journald:FILE, kmsg, kmsg:FILE or file:PATH")
+        return v
 
 
 class Settings(_Section):

@@ -7,7 +7,9 @@ Sources, each optional:
 * **dcgm-exporter** endpoints (:mod:`.dcgm`): for clusters that already run NVIDIA's
   exporter, one ``telemetry.gpu`` record per scraped host, nothing to install on nodes;
 * **InfiniBand / RoCE sysfs** (:mod:`.infiniband`): this node's fabric ports ->
-  ``telemetry.network``.
+  ``telemetry.network``;
+* **the kernel log** (:mod:`.kernel`): the driver's own Xid and NVSwitch SXid lines, with
+  the text NVML does not carry; merged with NVML's events so that each Xid is sent once.
 
 Every record is validated against its schema before it is sent; a source that fails
 (exporter down, driver error) is logged and retried at the next interval without
@@ -52,7 +54,10 @@ class Agent:
     """Collects from the configured sources; :meth:`collect_once` returns the records of one
     round, :meth:`run` sends them through ``emit`` every ``interval_s``."""
 
-    def __init__(self, cfg: CollectSettings, *, nvml: Any = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, cfg: CollectSettings, *, nvml: Any = None, clock: Callable[[], float] = time.time,
+                 proc_gpus: str = "/proc/driver/nvidia/gpus") -> None:
+        from .kernel import XidMerger, auto_source
+
         self.cfg = cfg
         self.node = node_name(cfg)
         self.clock = clock
@@ -60,16 +65,56 @@ class Agent:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.nvml_collector = None
+        self.kernel_collector = None
         self._dcgm_parsers: dict[str, Any] = {}
+        source = cfg.kernel_log
+        if source == "auto":
+            source = auto_source() or "off"
+            log.info("kernel log: %s", "off (neither journald nor /dev/kmsg can be read)" if source == "off"
+                     else source)
+        self.merger = XidMerger(window_s=cfg.xid_merge_s, kernel=source != "off", clock=clock)
         if cfg.nvml != "off":
             self.nvml_collector = self._open_nvml(nvml)
+        #: the GPUs' bus ids when NVML is not there (the driver's /proc listing)
+        self.proc_buses: list[str] = [] if self.nvml_collector is not None else self._proc_buses(proc_gpus)
+        if source != "off":
+            self.kernel_collector = self._open_kernel(source)
+
+    @staticmethod
+    def _proc_buses(root: str) -> list[str]:
+        from .kernel import proc_gpu_buses
+
+        return proc_gpu_buses(root)
+
+    def gpu_of_bus(self, bus_id: str) -> int | None:
+        """A kernel line's GPU: its index by NVML's bus ids, else by the driver's listing."""
+        if self.nvml_collector is not None:
+            return self.nvml_collector.gpu_of_bus(bus_id)
+        return self.proc_buses.index(bus_id) if bus_id in self.proc_buses else None
+
+    def _open_kernel(self, source: str) -> Any:
+        from .kernel import KernelLogCollector
+
+        def sink(kind: str, ev: dict[str, Any]) -> None:
+            self.merger.add_kernel(kind, ev)
+            self._xid_seen()
+
+        try:
+            return KernelLogCollector(source, self.gpu_of_bus, sink, from_start=self.cfg.kernel_log_backlog,
+                                      clock=self.clock).open()
+        except (RuntimeError, OSError, ValueError) as exc:
+            if self.cfg.kernel_log != "auto":
+                raise RuntimeError(f"collect.kernel_log = {self.cfg.kernel_log!r} cannot be used: {exc}") from exc
+            log.warning("kernel log not followed: %s", exc)
+            return None
 
     def _open_nvml(self, nvml: Any) -> Any:
         from .nvml import NvmlCollector, load_nvml
 
         try:
             lib = nvml if nvml is not None else load_nvml()
-            return NvmlCollector(lib, self.node, clock=self.clock, on_xid=self._xid_seen).open()
+            return NvmlCollector(lib, self.node, clock=self.clock, on_xid=self._xid_seen,
+                                 sink=self.merger.add_nvml).open()
         except Exception as exc:
             if self.cfg.nvml == "on":
                 raise RuntimeError(f"collect.nvml is 'on' but NVML cannot be used: {exc}") from exc
@@ -85,6 +130,8 @@ class Agent:
     def close(self) -> None:
         if self.nvml_collector is not None:
             self.nvml_collector.close()
+        if self.kernel_collector is not None:
+            self.kernel_collector.close()
 
     # ------------------------------------------------------------------ sources
 
@@ -97,15 +144,35 @@ class Agent:
             log.error("%s record for %s does not validate, not sent: %s", what, rec.get("node"), exc)
             return False
 
-    async def gpu(self) -> list[dict[str, Any]]:
+    def _kernel_only_record(self, xids: list[dict[str, Any]], sxids: list[dict[str, Any]]) -> dict[str, Any]:
+        """A ``telemetry.gpu`` record of the kernel's events alone (no NVML on the node):
+        readings unknown (null), one entry per GPU the driver lists."""
+        n = max([len(self.proc_buses), 1] + [x["gpu"] + 1 for x in xids if x.get("gpu") is not None])
+        rec: dict[str, Any] = {"schema": "gpu/1", "ts": self.clock(), "node": self.node, "util": [None] * n,
+                               "xids": xids}
+        if self.proc_buses and len(self.proc_buses) == n:
+            rec["pci_bus_id"] = list(self.proc_buses)
+        if sxids:
+            rec["sxids"] = sxids
+        return rec
+
+    async def gpu(self, *, events_only: bool = False) -> list[dict[str, Any]]:
+        """This round's ``telemetry.gpu`` record; with ``events_only``, only when an Xid or
+        SXid is due (the record that carries it leaves at once)."""
+        xids, sxids = self.merger.take()
+        if events_only and not (xids or sxids):
+            return []
         if self.nvml_collector is None:
-            return []
-        try:
-            rec = await asyncio.to_thread(self.nvml_collector.sample)
-        except Exception as exc:
-            self.stats.errors["gpu"] += 1
-            log.warning("NVML sample failed: %s", exc)
-            return []
+            if not (xids or sxids):
+                return []
+            rec = self._kernel_only_record(xids, sxids)
+        else:
+            try:
+                rec = await asyncio.to_thread(self.nvml_collector.sample, xids, sxids)
+            except Exception as exc:
+                self.stats.errors["gpu"] += 1
+                log.warning("NVML sample failed: %s", exc)
+                return []
         if not self._valid(GpuSample, rec, "GPU"):
             return []
         self.stats.samples["gpu"] += 1
@@ -160,16 +227,19 @@ class Agent:
         self._wake = asyncio.Event()
         next_at = time.monotonic()
         while not stop.is_set():
-            xid_only = self._wake.is_set() and time.monotonic() < next_at
+            xid_only = (self._wake.is_set() or self.merger.pending() > 0) and time.monotonic() < next_at
             self._wake.clear()
             if xid_only:
-                for rec in await self.gpu():
+                for rec in await self.gpu(events_only=True):
                     await emit("telemetry.gpu", rec["node"], rec)
             else:
                 for topic, rec in await self.collect_once():
                     await emit(topic, rec["node"], rec)
                 next_at = time.monotonic() + self.cfg.interval_s
             timeout = max(0.0, next_at - time.monotonic())
+            due = self.merger.next_due()
+            if due is not None:  # an NVML Xid held for its kernel line: send it when the hold ends
+                timeout = min(timeout, max(0.05, due - self.clock()))
             waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())}
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             for w in waits:

@@ -85,9 +85,14 @@ class FakeNVML:
     #: the GPUs' PCI buses of an 8-GPU HGX H100 baseboard (DGX H100 user guide), in NVML order
     BUSES = (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF)
 
-    def __init__(self, gpus: int = 8, *, seed: int = 0, retired_pages_supported: bool = False) -> None:
-        self.gpus = [FakeGpu(i, bus_id=f"00000000:{self.BUSES[i % 8] + 8 * (i // 8):02X}:00.0")
-                     for i in range(gpus)]
+    def __init__(self, gpus: int = 8, *, seed: int = 0, retired_pages_supported: bool = False,
+                 bus_ids: list[str] | None = None) -> None:
+        """``bus_ids``: the GPUs' PCI bus ids as NVML spells them (``00000000:3B:00.0``);
+        default those of an HGX H100 baseboard."""
+        if bus_ids is not None and len(bus_ids) != gpus:
+            raise ValueError(f"bus_ids: expected {gpus}, got {len(bus_ids)}")
+        buses = bus_ids or [f"00000000:{self.BUSES[i % 8] + 8 * (i // 8):02X}:00.0" for i in range(gpus)]
+        self.gpus = [FakeGpu(i, bus_id=b) for i, b in enumerate(buses)]
         self.rng = np.random.default_rng(seed)
         self.unsupported: set[str] = set() if retired_pages_supported else {"retired_pages"}
         self.initialised = False
@@ -163,8 +168,8 @@ class FakeNVML:
     def nvmlDeviceGetPciInfo(self, h: FakeGpu) -> Any:  # noqa: N802
         g = self._gpu(h, "pci")
         domain, bus, dev = g.bus_id.split(":")[0], g.bus_id.split(":")[1], g.bus_id.split(":")[2].split(".")[0]
-        return _real.nvmlPciInfo_t(busId=g.bus_id.encode(), busIdLegacy=g.bus_id[4:].encode(), domain=int(domain, 16),
-                                   bus=int(bus, 16), device=int(dev, 16))
+        return _real.nvmlPciInfo_t(busId=g.bus_id.encode(), busIdLegacy=g.bus_id[-12:].encode(),
+                                   domain=int(domain, 16), bus=int(bus, 16), device=int(dev, 16))
 
     def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> Any:  # noqa: N802
         g = self._gpu(h, "util")

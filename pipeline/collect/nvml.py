@@ -77,8 +77,12 @@ class NvmlCollector:
     """
 
     def __init__(self, nvml: Any, node: str, *, clock: Callable[[], float] = time.time,
-                 on_xid: Callable[[], None] | None = None, event_timeout_ms: int = 500) -> None:
+                 on_xid: Callable[[], None] | None = None, event_timeout_ms: int = 500,
+                 sink: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.nvml = nvml
+        #: where Xid events go (the agent's merger of NVML and kernel-log events); without
+        #: one they wait in this collector for the next sample
+        self.sink = sink
         self.node = node
         self.clock = clock
         self.on_xid = on_xid
@@ -199,10 +203,13 @@ class NvmlCollector:
                     log.warning("Xid event with unknown GPU or code (%r, %r)", gpu, code)
                     continue
                 log.warning("Xid %d on GPU %d of %s", code, gpu, self.node)
-                with self._lock:
-                    self._xids.append({"gpu": gpu, "code": code, "source": "nvml",
-                                       **({"pci_bus_id": self.bus_ids[gpu]}
-                                          if gpu < len(self.bus_ids) and self.bus_ids[gpu] else {})})
+                ev = {"gpu": gpu, "code": code, "source": "nvml",
+                      **({"pci_bus_id": self.bus_ids[gpu]} if gpu < len(self.bus_ids) and self.bus_ids[gpu] else {})}
+                if self.sink is not None:
+                    self.sink(ev)
+                else:
+                    with self._lock:
+                        self._xids.append(ev)
                 if self.on_xid is not None:
                     self.on_xid()
 
@@ -312,9 +319,11 @@ class NvmlCollector:
                     pass
         return (sums[0], sums[1], sums[2]) if active else None
 
-    def sample(self) -> dict[str, Any]:
+    def sample(self, xids: list[dict[str, Any]] | None = None,
+               sxids: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """One ``telemetry.gpu`` record (wire dict) for every GPU of the node, and the
-        Xids seen since the previous sample."""
+        Xids seen since the previous sample (``xids`` and ``sxids`` when the agent merges
+        them from several sources)."""
         from schemas.records import PER_GPU_FIELDS
 
         per_gpu: list[dict[str, Any]] = []
@@ -332,8 +341,9 @@ class NvmlCollector:
             if i < len(self.bus_ids):
                 values["pci_bus_id"] = self.bus_ids[i]
             per_gpu.append(values)
-        with self._lock:
-            xids, self._xids = self._xids, []
+        if xids is None:
+            with self._lock:
+                xids, self._xids = self._xids, []
         rec: dict[str, Any] = {"schema": "gpu/1", "ts": self.clock(), "node": self.node,
                                "util": [v.get("util") for v in per_gpu]}
         for field in PER_GPU_FIELDS:
@@ -343,4 +353,6 @@ class NvmlCollector:
             if any(x is not None for x in values):
                 rec[field] = values
         rec["xids"] = xids
+        if sxids:
+            rec["sxids"] = sxids
         return rec

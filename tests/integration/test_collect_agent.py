@@ -21,7 +21,8 @@ def test_xid79_from_the_agent_isolates_the_node(kafka_bootstrap, tmp_path) -> No
     worker = Worker(kafka_bootstrap, sim_url="http://127.0.0.1:9",
                     env={"FLEETMEDIC_ACTUATORS__BACKEND": "dryrun", "FLEETMEDIC_SAFETY__FLEET_SIZE": "10"}).start()
     fake = FakeNVML(8, seed=5)
-    agent = Agent(CollectSettings(node="gpu-node-042", interval_s=1.0, infiniband_root=str(tmp_path)), nvml=fake)
+    agent = Agent(CollectSettings(node="gpu-node-042", interval_s=1.0, infiniband_root=str(tmp_path), kernel_log="off"),
+                  nvml=fake)
     bg = BackgroundLoop()
     stop = asyncio.Event()
 
@@ -48,4 +49,4 @@ def test_xid79_from_the_agent_isolates_the_node(kafka_bootstrap, tmp_path) -> No
     sent = collect(kafka_bootstrap, worker.topic("telemetry.gpu"), lambda rs: False, timeout=3)
     for rec in sent:
         GpuSample.model_validate(rec)
-    assert any(r["xids"] == [{"gpu": 3, "code": 79}] for r in sent)
+    assert any(r["xids"] == [{"gpu": 3, "code": 79, "source": "nvml", "pci_bus_id": "0000:61:00"}] for r in sent)

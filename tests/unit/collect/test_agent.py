@@ -19,7 +19,8 @@ SYSFS = ROOT / "tests" / "fixtures" / "sysfs-infiniband"
 
 
 def test_one_round_collects_gpu_and_fabric_records(tmp_path) -> None:
-    cfg = CollectSettings(node="gpu-node-017", infiniband_root=str(SYSFS), switches={"mlx5_0": "leaf-03"})
+    cfg = CollectSettings(node="gpu-node-017", infiniband_root=str(SYSFS), switches={"mlx5_0": "leaf-03"},
+                          kernel_log="off")
     agent = Agent(cfg, nvml=FakeNVML(8))
     try:
         records = asyncio.run(agent.collect_once())
@@ -34,7 +35,7 @@ def test_one_round_collects_gpu_and_fabric_records(tmp_path) -> None:
 
 def test_an_xid_is_sent_at_once_not_at_the_next_interval(tmp_path) -> None:
     fake = FakeNVML(8)
-    cfg = CollectSettings(node="n1", interval_s=60, infiniband_root=str(tmp_path / "none"))
+    cfg = CollectSettings(node="n1", interval_s=60, infiniband_root=str(tmp_path / "none"), kernel_log="off")
     agent = Agent(cfg, nvml=fake)
     sent: list[tuple[float, dict]] = []
 
@@ -87,7 +88,7 @@ def test_nvml_on_without_a_library_fails_at_start_with_a_clear_message() -> None
             raise OSError("libnvidia-ml.so.1: cannot open shared object file")
 
     try:
-        Agent(CollectSettings(node="n1", nvml="on"), nvml=Broken())
+        Agent(CollectSettings(node="n1", nvml="on", kernel_log="off"), nvml=Broken())
     except RuntimeError as exc:
         assert "collect.nvml is 'on'" in str(exc) and "libnvidia-ml" in str(exc)
     else:
