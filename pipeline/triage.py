@@ -96,6 +96,10 @@ class Reading:
     shm: str | None = None
     #: NVIDIA's own tools saying a GPU failed (DCGM diagnostics, nvidia-smi's remap state)
     diagnostics: list[str] = field(default_factory=list)
+    #: NVML or nvidia-smi unable to reach the GPU or its driver
+    gpu_stack: str | None = None
+    #: the scheduler could not set the job up on a node (a failed prolog): the node, when named
+    prolog: tuple[str, str | None] | None = None
     #: the last line that says what went wrong (for the signature)
     last_error: str = ""
 
@@ -104,7 +108,7 @@ class Reading:
         out: dict[str, Any] = {}
         for k in ("exit_code", "signal", "scheduler_reason", "torchrun", "cuda_errors", "nccl_errors",
                   "nccl_watchdog", "xids", "hardware", "network", "peer_lost", "launcher_exit", "argument_error",
-                  "http_status", "preempted", "image_pull", "shm", "diagnostics"):
+                  "http_status", "preempted", "image_pull", "shm", "diagnostics", "gpu_stack", "prolog"):
             v = getattr(self, k)
             if v not in (None, [], False, ""):
                 out[k] = v
@@ -225,6 +229,7 @@ CUDA_KIND: dict[str, tuple[Kind, FaultClass, bool]] = {
     "cudaErrorNvlinkUncorrectable": ("hardware", FaultClass.nvlink, True),
 }
 _CUDA_CONTEXT = re.compile(r"CUDA error:|CUDA failure|Cuda failure|cudaError\w*|CUDA_ERROR_\w+|CUDA driver error|"
+                           r"\(error code |"
                            r"cuda runtime error|CUDA out of memory|cudaMalloc|CUDA Exception", re.IGNORECASE)
 _CUDA_NAMED = re.compile(r"\b(cudaError[A-Z]\w+)\b")
 _CU_DRIVER = {
@@ -239,6 +244,11 @@ _CU_DRIVER_RE = re.compile(r"\b(" + "|".join(_CU_DRIVER) + r")\b")
 _TORCH_OOM = re.compile(r"\b(?:torch\.(?:cuda\.)?OutOfMemoryError|CUDA out of memory\b|HIP out of memory\b)")
 _LIB_STATUS = re.compile(r"\b(CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|CUSOLVER_STATUS_\w+|CUFFT_\w+)\b")
 LIB_STATUS_KIND: dict[str, tuple[Kind, FaultClass, bool]] = {
+    # a kernel that failed on the device: a failing GPU as often as a faulty program
+    "CUBLAS_STATUS_EXECUTION_FAILED": ("suspect", FaultClass.gpu_hardware, False),
+    "CUDNN_STATUS_EXECUTION_FAILED": ("suspect", FaultClass.gpu_hardware, False),
+    "CUBLAS_STATUS_INTERNAL_ERROR": ("suspect", FaultClass.gpu_hardware, False),
+    "CUDNN_STATUS_INTERNAL_ERROR": ("suspect", FaultClass.gpu_hardware, False),
     "CUBLAS_STATUS_ALLOC_FAILED": ("user", FaultClass.user_error, True),
     "CUBLAS_STATUS_INVALID_VALUE": ("user", FaultClass.user_error, True),
     "CUBLAS_STATUS_NOT_SUPPORTED": ("user", FaultClass.user_error, True),
@@ -284,7 +294,9 @@ _NETWORK = re.compile(
     r"NET/IB\s*:\s*No device found|NET/Plugin|PCIe Bus Error|AER:.*error|"
     r"\bstate:?\s+(?:DOWN|Down|INIT|Initializing)\b.*\bphys(?:ical)?_?\s?state:?\s+(?!LinkUp|LINK_UP)\w+|"
     r"Physical state:\s+(?:Polling|Disabled|Sleep|LinkErrorRecovery)|"
-    r"device '[^']*': sys files not found \(/sys/class/infiniband",
+    r"device '[^']*': sys files not found \(/sys/class/infiniband|"
+    r"NET/OFI\b.*(?:failed|No eligible providers|error)|aws-ofi-nccl initialization failed|"
+    r"No route to host|Network is unreachable",
     re.IGNORECASE)
 #: the other end went away: a consequence of a failure elsewhere, or of the network
 _PEER_LOST = re.compile(
@@ -316,6 +328,12 @@ _IMAGE_PULL = re.compile(r"Failed to pull image|ErrImagePull|ImagePullBackOff|er
                          r"pull access denied|manifest unknown|error pinging docker registry", re.IGNORECASE)
 _TIMEOUTISH = re.compile(r"i/o timeout|timed out|TLS handshake timeout|connection reset|temporary failure|"
                          r"EOF\b|503|502|504|429|too many requests", re.IGNORECASE)
+#: NVML or nvidia-smi cannot reach the GPU or its driver: the node's GPU stack, not the program
+_NVML_BROKEN = re.compile(r"Failed to initialize NVML|NVIDIA-SMI has failed because it couldn't communicate|"
+                          r"Driver/library version mismatch|No devices were found|NVML_ERROR_(?!NOT_SUPPORTED)\w+|"
+                          r"couldn't communicate with the NVIDIA driver", re.IGNORECASE)
+#: Slurm could not set up the job on a node (its prolog failed: Slurm drains that node)
+_PROLOG = re.compile(r"Prolog failure on node (\S+)|prolog failed|Job allocation \d+ has been revoked", re.IGNORECASE)
 #: nvidia-smi -q: a row remap waits for the next GPU reset (the GPU needs one)
 _REMAP_PENDING = re.compile(r"^\s*Pending\s*:\s*Yes\s*$")
 #: NVIDIA's tools reporting a failed GPU: DCGM diagnostics and nvidia-smi's row-remapping state
@@ -509,6 +527,13 @@ def read_failure(exit_code: int | None, reason: str | None, log_tail: str | None
         if r.shm is None and _SHM.search(s):
             r.shm = s[:300]
             errors.append(s)
+        if r.gpu_stack is None and _NVML_BROKEN.search(s):
+            r.gpu_stack = s[:200]
+            errors.append(s)
+        pm = _PROLOG.search(s)
+        if pm and r.prolog is None:
+            r.prolog = (s[:200], pm.group(1))
+            errors.append(s)
         if _REMAP_PENDING.match(ln) and any("Remapped Rows" in x for x in lines[max(0, i - 4):i]):
             r.diagnostics.append("row remapping pending: the GPU needs a reset")
         if _DIAG.search(s):
@@ -661,6 +686,14 @@ def classify(r: Reading, nodes: list[str] | None = None) -> Triage:
         return t("hardware", FaultClass.gpu_memory if "remap" in r.diagnostics[0].lower()
                  or "correctable" in r.diagnostics[0].lower() else FaultClass.gpu_hardware,
                  "nvidia_diagnostics", f"NVIDIA's diagnostics failed a GPU: {r.diagnostics[0]}", True, True, named)
+    if r.gpu_stack:
+        return t("suspect", FaultClass.gpu_hardware, "gpu_stack_unreachable",
+                 f"NVML cannot reach the node's GPUs or driver: {r.gpu_stack[:120]}", False, True, named)
+    app_xid = next((c for c in r.xids if xid_lookup(c).action == "app_unless_repeated"), None)
+    if xid is None and app_xid is not None:
+        return t("suspect", FaultClass.unknown, "xid_application_or_gpu",
+                 f"Xid {app_xid} is the application's unless it repeats on the same GPU: run it on other GPUs",
+                 False, True, named)
     if xid is not None:
         return t("contained", xid[1], "xid_contained",
                  f"the driver contained Xid {xid[2]} to the application: restart it, the node stays", True, False)
@@ -681,6 +714,11 @@ def classify(r: Reading, nodes: list[str] | None = None) -> Triage:
     if sr in ("NODE_FAIL", "BOOT_FAIL", "NodeLost"):
         return t("suspect", FaultClass.unknown, "scheduler_node_failure",
                  f"the scheduler lost a node of the job ({sr})", False, True, named)
+    if r.prolog is not None:
+        host = r.prolog[1]
+        node = next((n for n in nodes if host and n.split(".")[0].lower() == host.split(".")[0].lower()), named)
+        return t("suspect", FaultClass.unknown, "scheduler_prolog_failure",
+                 f"the scheduler could not set the job up on a node: {r.prolog[0][:120]}", False, True, node)
     if r.preempted:
         return t("transient", FaultClass.transient_software, "preempted",
                  f"the cluster preempted the job or its node: {r.preempted[:120]}", True, False)
@@ -724,7 +762,8 @@ def classify(r: Reading, nodes: list[str] | None = None) -> Triage:
               if s in LIB_STATUS_KIND]
     if status:
         kind, fc, strong = LIB_STATUS_KIND[status[0]]
-        return t(kind, fc, "cuda_library_status", f"a CUDA library returned {status[0]}", strong, False)
+        return t(kind, fc, "cuda_library_status", f"a CUDA library returned {status[0]}", strong, kind != "user",
+                 named)
     if "ncclUnhandledCudaError" in r.nccl_errors:
         return t("suspect", FaultClass.gpu_hardware, "nccl_unhandled_cuda_error",
                  "NCCL hit a CUDA error it does not name", False, True, named)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import PolicySettings
+from pipeline.eval.failures import excerpt
 from pipeline.policy import job_on_event, job_on_notice, job_on_tick, new_job_history
 from schemas import ActionName, FaultClass, JobEventKind, JobNotice
 
@@ -17,10 +18,8 @@ WALL = 5000.0  # the job track's wall clock, independent of event time
 
 NCCL = dict(exit_code=-6, reason="NCCL watchdog timeout",
             log_tail="Watchdog caught collective operation timeout: WorkNCCL(SeqNum=88213) ran for 600042 ms")
-#: a real slurmstepd notice (SystemsGenetics/GEMmaker#242, tests/data/failures)
-PREEMPTED = dict(exit_code=0, reason="CANCELLED: None",
-                 log_tail="slurmstepd: error: *** JOB 32391783 ON cn119 CANCELLED AT 2021-06-18T13:05:36 DUE TO "
-                          "PREEMPTION ***")
+#: a preempted Slurm job as submitit logs it (tests/data/failures/tune)
+PREEMPTED = excerpt("t-submitit-1701-slurm-preempted-sighup-requeued").failed_fields()
 TRACEBACK = dict(exit_code=1, reason="exit code 1",
                  log_tail='Traceback (most recent call last):\n  File "train.py", line 211\nKeyError: \'labels\'')
 
@@ -165,7 +164,7 @@ def test_transient_failures_beyond_the_retry_budget_are_requeued(cfg) -> None:
     for attempt in range(1, cfg.transient_retries + 3):
         _running(cfg, attempt=attempt, hist=hist, ts=T0 + 100 * attempt)
         v, a = _only(_judged(hist, cfg, T0 + 100 * attempt + 50, attempt=attempt, **PREEMPTED))
-        assert v.fault_class is FaultClass.transient_software and v.evidence["decided_by"] == "scheduler_preempted"
+        assert v.fault_class is FaultClass.transient_software and v.evidence["decided_by"] == "preempted"
         actions.append(a.action)
     assert actions[: cfg.transient_retries] == [ActionName.retry] * cfg.transient_retries
     assert set(actions[cfg.transient_retries:]) == {ActionName.requeue}
