@@ -7,7 +7,7 @@ ARGS ?=
 STAMP := $(VENV)/.installed
 
 
-.PHONY: demo test bench eval eval-nab eval-network chaos unit integration lint schemas kafka-start kafka-stop clean help
+.PHONY: demo test bench eval eval-nab eval-network eval-failures chaos unit integration lint schemas kafka-start kafka-stop clean help
 
 help:
 	@echo "make demo   - install, start the embedded Kafka, a worker and the simulated cluster (ARGS=\"--duration 120 --seed 1\")"
@@ -15,6 +15,7 @@ help:
 	@echo "make bench  - throughput/latency/scale-out/memory of a 10,000-node fleet (ARGS=--quick for a smoke run)"
 	@echo "make eval   - detection quality (512 nodes, 300 faults, Kafka + Faust) and a 54-day closed loop vs three baselines (bench/results/eval.json)"
 	@echo "make eval-nab - the univariate detector on the Numenta Anomaly Benchmark with a verified scorer (bench/results/nab.json)"
+	@echo "make eval-failures - real failure output (tests/data/failures) through the job and node tracks (bench/results/failures.json)"
 	@echo "make eval-network - the network track on 256 nodes / 8 leaf switches / 500 faults (bench/results/network.json)"
 	@echo "make chaos  - 22 worker kills, a broker restart, a 60 s backend outage, 100,000 fuzzed messages (bench/results/chaos.json)"
 	@echo "make lint   - layer contracts (import-linter)"
@@ -44,6 +45,9 @@ eval: $(STAMP)
 
 eval-nab: $(STAMP)
 	@$(PY) -m pipeline eval-nab $(ARGS)
+
+eval-failures: $(STAMP)
+	@$(PY) -m pipeline eval-failures $(ARGS)
 
 eval-network: $(STAMP)
 	@$(PY) -m pipeline eval-network $(ARGS)

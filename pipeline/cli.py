@@ -9,6 +9,7 @@
     fleetmedic eval        detection quality through the pipeline, and a 54-day closed loop against baselines
     fleetmedic eval-nab    the univariate detector on the Numenta Anomaly Benchmark, with a verified scorer
     fleetmedic eval-network the network track on a seeded fabric scenario suite
+    fleetmedic eval-failures real failure output replayed through the job and node tracks, scored
     fleetmedic chaos       kills, a broker restart, a backend outage and fuzzing during a scenario
     fleetmedic bench       throughput, latency, scale-out and memory against a baseline consumer
     fleetmedic topics      create fleetmedic's topics on a broker
@@ -356,6 +357,15 @@ def cmd_eval_nab(args: argparse.Namespace) -> int:
     return rc
 
 
+def cmd_eval_failures(args: argparse.Namespace) -> int:
+    """The failure corpus's real excerpts through the job and node tracks, scored."""
+    _logging("warning")
+    from .eval import failures
+
+    argv = ["--split", args.split] + (["--out", args.out] if args.out else []) + (["--check"] if args.check else [])
+    return failures.main(argv + (["--show"] if args.show else []))
+
+
 def cmd_chaos(args: argparse.Namespace) -> int:
     """Kills, a broker restart, a backend outage and hostile input during a seeded scenario."""
     _logging("warning")
@@ -522,6 +532,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--data", help="NAB directory (default ../shared/data/nab)")
     sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "nab.json"), help="JSON output path")
     sp.set_defaults(func=cmd_eval_nab)
+
+    sp = sub.add_parser("eval-failures", help="real failure output replayed through the job and node tracks (JSON)",
+                        description="Replays the failure corpus (tests/data/failures: real output from public "
+                                    "threads, docs and fixtures, with the root cause each settled) through the "
+                                    "worker's own policy code, in two variants (no origin, origin = rank 0), and "
+                                    "scores stopping user errors, retrying transient faults, moving jobs off "
+                                    "hardware faults and false isolations. Writes bench/results/failures.json "
+                                    "for the eval split.")
+    sp.add_argument("--split", choices=("eval", "tune", "all"), default="eval",
+                    help="corpus split (default eval; rules are tuned on tune only)")
+    sp.add_argument("--out", default=None, help="JSON output path (default bench/results/failures.json for eval)")
+    sp.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    sp.add_argument("--show", action="store_true", help="print each excerpt's decisions")
+    sp.set_defaults(func=cmd_eval_failures)
 
     sp = sub.add_parser("eval-network", help="score the network track on a seeded fabric scenario suite (JSON)")
     sp.add_argument("--nodes", type=int, default=256, help="nodes, 4 ports each (default 256)")

@@ -10,6 +10,9 @@
   ECC DBE, Xid 95 (uncontained SRAM/HBM error), a slow ECC SBE rise that ends in a
   failure at a set time, NVLink errors, thermal throttling, a failing NIC, a degrading
   leaf switch (every node under it sees errors; no node is at fault).
+* Every job failure prints what a real job printed, and every Xid the text a real driver
+  printed: output drawn from the failure corpus's tune split (``tests/data/failures``,
+  each excerpt with its public source) and the kernel-log fixtures (:class:`RealText`).
 * A loopback HTTP API (``POST /actions``) through which :class:`actuators.sim.SimBackend`
   acts: isolated nodes get no new jobs, requeued jobs restart elsewhere from their last
   checkpoint, diagnostics run on free isolated nodes and report through ``telemetry.job``.
@@ -27,6 +30,7 @@ import random
 import time
 from collections import Counter as Tally
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,16 +44,13 @@ HW_THERMAL, SW_THERMAL = 0x40, 0x20
 
 FAULT_KINDS = ("transient_crash", "nccl_timeout", "user_bug", "xid79", "ecc_dbe", "sbe_rise", "nvlink", "thermal",
                "xid_gsp", "xid_sram", "nic", "leaf")
-#: faults that break a GPU at once: (Xid, GPU lost, DBE count, job failure reason, log tail)
+#: faults that break a GPU at once: (Xid, GPU lost, DBE count); the job's failure output and
+#: the driver's line come from real text (:class:`RealText`)
 SUDDEN_GPU_FAULTS = {
-    "xid79": (79, True, 0, "CUDA error: unspecified launch failure",
-              "RuntimeError: CUDA error: unspecified launch failure\nGPU {gpu} has fallen off the bus"),
-    "xid_gsp": (119, True, 0, "CUDA error: unknown error",
-                "RuntimeError: CUDA error: unknown error\nNVRM: GPU {gpu}: Xid 119 GSP RPC timeout"),
-    "ecc_dbe": (48, False, 1, "CUDA error: uncorrectable ECC error encountered",
-                "RuntimeError: CUDA error: uncorrectable ECC error encountered"),
-    "xid_sram": (95, False, 0, "CUDA error: uncorrectable ECC error encountered",
-                 "RuntimeError: CUDA error: an uncorrectable ECC error was encountered (Xid 95)"),
+    "xid79": (79, True, 0),
+    "xid_gsp": (119, True, 0),
+    "ecc_dbe": (48, False, 1),
+    "xid_sram": (95, False, 0),
 }
 #: the demo's and make chaos's plan: one fault of each of these (the network faults need
 #: network.enforce and a fitted fabric model, see make eval / make eval-network)
@@ -72,7 +73,7 @@ KIND_CLASS = {
 def gpu_record(node: str, ts: float, *, util: Any, temp: Any, power: Any, sm_clock: Any = 1980.0,
                throttle: Any = 0, ecc_sbe: Any = 0, ecc_dbe: Any = 0, remap_failure: Any = False,
                nvlink: tuple[Any, Any, Any] = (0, 0, 0), pcie_replay: Any = 0, lost: Any = False,
-               xids: list[tuple[int, int]] | tuple = (), gpus: int = GPUS) -> dict[str, Any]:
+               xids: list[tuple] | tuple = (), gpus: int = GPUS) -> dict[str, Any]:
     """One ``telemetry.gpu`` record as JSON-ready data: every field, per-GPU lists.
 
     A per-GPU field is a sequence (list or array) or one value for every GPU.
@@ -90,7 +91,8 @@ def gpu_record(node: str, ts: float, *, util: Any, temp: Any, power: Any, sm_clo
         "ecc_dbe": per_gpu(ecc_dbe), "remap_pending": [False] * gpus, "remap_failure": per_gpu(remap_failure),
         "nvlink_crc": per_gpu(nvlink[0]), "nvlink_replay": per_gpu(nvlink[1]), "nvlink_recovery": per_gpu(nvlink[2]),
         "pcie_replay": per_gpu(pcie_replay), "lost": per_gpu(lost),
-        "xids": [{"gpu": g, "code": c} for g, c in xids],
+        "xids": [{"gpu": x[0], "code": x[1], **({"detail": x[2], "source": "sim"} if len(x) > 2 and x[2] else {})}
+                 for x in xids],
     }
 
 
@@ -121,7 +123,7 @@ class Node:
     lost: np.ndarray = field(default_factory=lambda: np.zeros(GPUS, dtype=bool))
     remap_failure: np.ndarray = field(default_factory=lambda: np.zeros(GPUS, dtype=bool))
     port_counters: np.ndarray = field(default_factory=lambda: np.zeros((7, PORTS), dtype=np.int64))
-    xids: list[tuple[int, int]] = field(default_factory=list)
+    xids: list[tuple] = field(default_factory=list)  # (gpu, code[, the driver's text])
     cordoned: bool = False
     broken: bool = False  # ground truth: hardware is faulty
     fault: Fault | None = None
@@ -147,6 +149,8 @@ class Job:
     checkpoint_step: int = 0
     status: str = "pending"  # pending, running, failed, completed, stopped
     user_bug_after: float | None = None
+    #: a deterministic bug fails every run the same way: its output, drawn once
+    user_bug_text: tuple[str | None, int | None, str] | None = None
     started_at: float = 0.0
     failed_at: float | None = None
     exclude: set[str] = field(default_factory=set)
@@ -208,6 +212,69 @@ def demo_faults(cfg: SimConfig, rng: random.Random) -> list[Fault]:
     return plan
 
 
+REPO = Path(__file__).resolve().parents[1]
+#: each fault kind's failure output: the corpus excerpts of this class (watchdog: the NCCL
+#: watchdog timeouts whose cause lies elsewhere)
+TEXT_POOL = {
+    "transient_crash": "transient_software", "nccl_timeout": "watchdog", "user_bug": "user_error",
+    "xid79": "gpu_hardware", "xid_gsp": "gpu_hardware", "thermal": "gpu_hardware", "ecc_dbe": "gpu_memory",
+    "xid_sram": "gpu_memory", "sbe_rise": "gpu_memory", "nvlink": "nvlink", "nic": "node_network",
+    "leaf": "watchdog",
+}
+
+
+class RealText:
+    """What real jobs and drivers printed, drawn at random: a job's failure output (exit
+    code, reason, log tail) from the failure corpus's tune split, an Xid's text from the
+    kernel-log fixtures.  Both live in the repository (``tests/data/failures/tune``,
+    ``tests/fixtures/kernel-log/lines.toml``, each excerpt with its public source);
+    ``FLEETMEDIC_FAILURE_CORPUS`` points elsewhere."""
+
+    def __init__(self, rng: random.Random, corpus: Path | None = None, lines: Path | None = None) -> None:
+        import os
+        import tomllib
+
+        self.rng = rng
+        corpus = corpus or Path(os.environ.get("FLEETMEDIC_FAILURE_CORPUS") or REPO / "tests/data/failures")
+        folder = corpus / "tune"
+        if not folder.is_dir():
+            raise FileNotFoundError(f"the simulator draws failure output from the failure corpus; {folder} is missing "
+                                    "(set FLEETMEDIC_FAILURE_CORPUS to a corpus with a tune/ split)")
+        self.pools: dict[str, list[dict[str, Any]]] = {}
+        for path in sorted(folder.glob("*.toml")):
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+            key = "watchdog" if raw.get("watchdog_elsewhere") else raw["fault_class"]
+            self.pools.setdefault(key, []).append(raw)
+        lines = lines or REPO / "tests/fixtures/kernel-log/lines.toml"
+        self.xid_lines: dict[int, list[str]] = {}
+        if lines.is_file():
+            from .nvrm import parse_xid
+
+            for ln in tomllib.loads(lines.read_text(encoding="utf-8"))["line"]:
+                x = parse_xid(ln["text"]) if "xid" in ln else None
+                if x is not None and x.detail:
+                    self.xid_lines.setdefault(x.code, []).append(x.detail)
+
+    def failure(self, kind: str) -> tuple[str | None, int | None, str]:
+        """(reason, exit code, log tail) of a real failure of ``kind``'s class."""
+        pool = self.pools.get(TEXT_POOL.get(kind, "unknown")) or self.pools.get("gpu_hardware") or []
+        if not pool:
+            return None, None, ""
+        raw = self.rng.choice(pool)
+        code = raw.get("exit_code")
+        if code is None and raw.get("signal") in _SIGNAL_NUMBERS:
+            code = 128 + _SIGNAL_NUMBERS[raw["signal"]]
+        return raw.get("reason"), None if code is None else max(-255, min(255, int(code))), raw["log"].strip()[-8192:]
+
+    def xid_detail(self, code: int) -> str | None:
+        """The text a real driver printed after Xid ``code``, if the fixtures have one."""
+        pool = self.xid_lines.get(code)
+        return self.rng.choice(pool) if pool else None
+
+
+_SIGNAL_NUMBERS = {"SIGHUP": 1, "SIGINT": 2, "SIGABRT": 6, "SIGBUS": 7, "SIGKILL": 9, "SIGSEGV": 11, "SIGTERM": 15}
+
+
 class Cluster:
     """The simulated cluster's state and its reaction to actions."""
 
@@ -215,6 +282,7 @@ class Cluster:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
         self.origin_rng = random.Random(cfg.seed + 7919)  # its own stream: the rest of a seeded run is unchanged
+        self.text = RealText(random.Random(cfg.seed + 104729))  # real failure output, its own stream too
         self.np_rng = np.random.default_rng(cfg.seed)
         self.t0 = t0 if t0 is not None else time.time()
         self.now = 0.0
@@ -294,7 +362,8 @@ class Cluster:
             if self.nodes[n].job == j.id:
                 self.nodes[n].job = None
 
-    def fail_job(self, j: Job, reason: str, exit_code: int, log_tail: str, origin: str | None = None) -> None:
+    def fail_job(self, j: Job, reason: str | None, exit_code: int | None, log_tail: str,
+                 origin: str | None = None) -> None:
         """``origin``: the node whose worker failed first (a node fault's node); else one of the
         job's nodes at random, as for a crash or a timeout that any rank may report first."""
         if j.status != "running":
@@ -353,16 +422,11 @@ class Cluster:
             if j is None:
                 return False
             f.job = j.id
-            if f.kind == "transient_crash":
-                self.fail_job(j, "worker process exited with signal 9", -9,
-                              "RuntimeError: [c10d] Connection reset by peer\nsignal 9 (SIGKILL) received by PID 4711")
-            elif f.kind == "nccl_timeout":
-                self.fail_job(j, "NCCL watchdog timeout", -6,
-                              "[Rank 12] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=88213, "
-                              "OpType=ALLREDUCE, NumelIn=1048576, Timeout(ms)=600000) ran for 600042 milliseconds "
-                              "before timing out.")
+            if f.kind in ("transient_crash", "nccl_timeout"):
+                self.fail_job(j, *self.text.failure(f.kind))
             else:
                 j.user_bug_after = 20.0
+                j.user_bug_text = self.text.failure("user_bug")
                 self._user_bug(j)
         else:
             node = self._pick_busy_node()
@@ -375,11 +439,11 @@ class Cluster:
             node.broken = True
             sudden = SUDDEN_GPU_FAULTS.get(f.kind)
             if sudden is not None:
-                xid, lost, dbe, reason, log_tail = sudden
+                xid, lost, dbe = sudden
                 node.lost[g] |= lost
                 node.dbe[g] += dbe
-                node.xids.append((g, xid))
-                self._fail_jobs_on(node, reason, log_tail.format(gpu=g))
+                node.xids.append((g, xid, self.text.xid_detail(xid)))
+                self._fail_jobs_on(node, f.kind)
             elif f.kind == "sbe_rise":
                 node.sbe_gpu = g
             elif f.kind == "nvlink":
@@ -393,13 +457,14 @@ class Cluster:
         return True
 
     def _user_bug(self, j: Job) -> None:
-        self.fail_job(j, "exit code 1", 1,
-                      "Traceback (most recent call last):\n  File \"train.py\", line 211, in <module>\n"
-                      "    loss = model(batch[\"labels\"])\nKeyError: 'labels'")
+        if j.user_bug_text is None:
+            j.user_bug_text = self.text.failure("user_bug")
+        self.fail_job(j, *j.user_bug_text)
 
-    def _fail_jobs_on(self, node: Node, reason: str, log_tail: str) -> None:
+    def _fail_jobs_on(self, node: Node, kind: str) -> None:
+        """The job on ``node`` fails with real output of a ``kind`` fault, first on that node."""
         if node.job:
-            self.fail_job(self.jobs[node.job], reason, 1, log_tail, origin=node.name)
+            self.fail_job(self.jobs[node.job], *self.text.failure(kind), origin=node.name)
 
     # -------------------------------------------------------------------------- time
 
@@ -416,38 +481,27 @@ class Cluster:
                 if f.kind == "sbe_rise":
                     node.dbe[f.gpu] += 1
                     node.remap_failure[f.gpu] = True
-                    node.xids.append((f.gpu, 48))
+                    node.xids.append((f.gpu, 48, self.text.xid_detail(48)))
                     self.events.append({"t": self.now, "failure": f.kind, "node": f.node, "job": node.job})
-                    self._fail_jobs_on(node, "CUDA error: uncorrectable ECC error encountered",
-                                       "RuntimeError: CUDA error: uncorrectable ECC error encountered")
+                    self._fail_jobs_on(node, f.kind)
                 elif f.kind == "nvlink":
-                    node.xids.append((f.gpu, 74))
+                    node.xids.append((f.gpu, 74, self.text.xid_detail(74)))
                     self.events.append({"t": self.now, "failure": f.kind, "node": f.node, "job": node.job})
-                    self._fail_jobs_on(node, "NCCL error: unhandled system error (NVLink)",
-                                       "torch.distributed.DistBackendError: NCCL error: unhandled system error, "
-                                       "NVLink error detected (Xid 74)")
+                    self._fail_jobs_on(node, f.kind)
                 elif f.kind == "thermal":
                     # the GPU shuts itself down to protect itself: it is gone from the bus
                     node.lost[f.gpu] = True
                     node.thermal_gpu = None
-                    node.xids.append((f.gpu, 79))
+                    node.xids.append((f.gpu, 79, self.text.xid_detail(79)))
                     self.events.append({"t": self.now, "failure": f.kind, "node": f.node, "job": node.job})
-                    self._fail_jobs_on(node, "CUDA error: unspecified launch failure",
-                                       f"RuntimeError: CUDA error: unspecified launch failure\nGPU {f.gpu} has fallen off the bus")
+                    self._fail_jobs_on(node, f.kind)
             if f.kind == "nic" and f.node and f.applied_ts is not None and abs(self.now - f.at - 180.0) < 0.5:
                 node = self.nodes[f.node]
-                self._fail_jobs_on(node, "NCCL error: remote process exited or there was a network error",
-                                   "NCCL WARN NET/IB : Got completion from peer 10.2.0.7<41233> with status=12 "
-                                   "opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:10.2.0.7\n"
-                                   "torch.distributed.DistBackendError: NCCL error: remote process exited or there "
-                                   "was a network error")
+                self._fail_jobs_on(node, f.kind)
             if f.kind == "leaf" and f.applied_ts is not None and abs(self.now - f.at - 150.0) < 0.5 and f.job:
                 j = self.jobs.get(f.job)
                 if j is not None and j.status == "running":
-                    self.fail_job(j, "NCCL watchdog timeout", -6,
-                                  "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5512, "
-                                  "OpType=ALLREDUCE, NumelIn=4194304, Timeout(ms)=600000) ran for 600113 milliseconds "
-                                  "before timing out.")
+                    self.fail_job(j, *self.text.failure(f.kind))
         self.schedule()
         self.advance_jobs()
         self.run_diagnostics()
@@ -715,8 +769,11 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
         return vs[0] if vs else None
 
     for f in transient:
+        # run again (retry in place, or on new nodes when the output names no cause), never
+        # stopped, and no node of the job isolated for it
         v = first_job_verdict(f)
-        if v is not None and v["actions"][0]["action"] == "retry":
+        if v is not None and v["actions"][0]["action"] in ("retry", "restart", "requeue") \
+                and not any(n in isolations and isolations[n] >= f.at - 1 for n in v.get("nodes", [])):
             retried_ok += 1
     user = [f for f in faults if f.kind == "user_bug"]
     stopped = sum(1 for f in user if any(v.get("subject") == f.job and v["actions"][0]["action"] == "stop" for v in verdicts))

@@ -18,7 +18,9 @@ The right verdict for an injected fault (its class from
   verdict on a crash of a job whose earlier user bug was not stopped yet (a user bug's
   own window ends only at the next user bug of its job).  Such cases are listed under
   ``confounded``.  Any hardware class is accepted there: the node's own isolation
-  is scored against its own class.
+  is scored against its own class.  A crash whose output names no cause is answered
+  ``unknown`` and run again (``pipeline.triage``): right for a transient fault, listed
+  under ``weak_evidence``.
 
 Precision of a class counts, among the verdicts of that class (the isolating node
 verdicts, the switch verdicts, the jobs' settled verdicts), those that match a fault of
@@ -80,6 +82,7 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
     missed: list[str] = []
     wrong_class: list[str] = []
     confounded: list[str] = []
+    weak: list[str] = []
 
     job_faults = sorted((f for f in faults if KIND_CLASS[f.kind] in JOB_CLASSES and f.job), key=lambda f: f.at)
     next_on_job: dict[int, float] = {}
@@ -116,6 +119,11 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
                 last = mine[-1]
                 if last["fault_class"] == fc:
                     hit = last
+                elif fc == "transient_software" and last["fault_class"] == "unknown" \
+                        and last["actions"][0]["action"] != "stop":
+                    # output that names no cause is answered unknown and run again: right for a crash
+                    hit = last
+                    weak.append(f"{f.kind}@{f.job}: unknown ({last['actions'][0]['action']})")
                 elif (real := _explained_by(last, faults, cluster, slack_s)) is not None:
                     hit = last
                     confounded.append(f"{f.kind}@{f.job}: {last['fault_class']} ({real.kind}@{real.node or real.leaf})")
@@ -235,6 +243,7 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
         "missed": sorted(missed),
         "wrong_class": sorted(wrong_class),
         "confounded": sorted(confounded),
+        "weak_evidence": sorted(weak),
         "held_by_budget": sum(1 for a in actions if a.get("outcome") == "held_by_budget"),
         "unknown_verdicts": sum(1 for v in vs if v["fault_class"] == "unknown"),
     }
