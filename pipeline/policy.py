@@ -558,12 +558,24 @@ def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySe
     tri = _triage_of(failure)
     kind = tri["kind"]
     rule = tri["evidence"].get("rule", "?")
+    # what the driver said about the job's GPUs around the failure outranks the job's own words
+    said = [x for n, x in (hist.get("node_xids") or {}).items()
+            if n in failure["nodes"] and abs(x["ts"] - failure["ts"]) <= cfg.degrade_window_s]
+    contained = next((x for x in said if x["action"] == "restart_app"), None)
+    app = next((x for x in said if x["action"] == "app_unless_repeated"), None)
+    if contained is not None and kind in ("hardware", "suspect", "unknown", "elsewhere", "contained"):
+        kind, rule = "contained", "driver_contained_xid"
+        tri = {**tri, "fault_class": contained["fault_class"]}
+    elif app is not None and kind in ("suspect", "unknown", "elsewhere"):
+        kind, rule = "user", "driver_application_xid"
     incident = stable_id("job", hist["job"], failure["attempt"])
     d = Decision()
     previous = [f for f in hist["failures"][:-1] if f["signature"] == failure["signature"]]
     suspect = _suspect(failure)
     ev = {"triage": tri["evidence"], "signature": failure["signature"], "reason": failure["reason"],
           "exit_code": failure["exit_code"], "node_anomalies": "none", "repeats": len(previous) + 1}
+    if said:
+        ev["driver"] = said
 
     def verdict(fc: FaultClass | str, action: ActionName, confidence: float, decided_by: str,
                 params: dict[str, Any] | None = None) -> None:
@@ -700,6 +712,13 @@ def job_on_notice(hist: dict[str, Any], n: JobNotice, cfg: PolicySettings, wall_
     """A node's owner reports a fault or degradation on a node of this job, or a tick."""
     if n.kind == "tick":
         return job_on_tick(hist, cfg, wall_now, n.ts)
+    if n.kind == "xid":
+        # the driver's word on a node of this job (an Xid it contained to the application, or
+        # one that is the application's): kept for judging this job's failure, not a fault
+        hist["node_xids"] = {**(hist.get("node_xids") or {}), n.node: {
+            "ts": n.ts, "xid": n.evidence.get("xid"), "action": n.evidence.get("action"), "gpu": n.evidence.get("gpu"),
+            "fault_class": n.fault_class.value, "incident": n.incident}}
+        return Decision()
     hist["node_faults"][n.node] = {
         "kind": n.kind, "fault_class": n.fault_class.value, "incident": n.incident, "ts": n.ts,
     }
