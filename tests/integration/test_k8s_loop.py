@@ -16,6 +16,8 @@ import pytest
 
 from actuators.kubernetes import CONDITION_QUARANTINE
 
+from pipeline.eval.failures import excerpt
+
 from .harness import ROOT, Worker, collect, gpu_sample, produce
 from .k8s_helpers import SERVICE_ACCOUNT, Cluster, FakeKubelet, batch_job, wait_pod
 from .slurm_helpers import wait_for
@@ -124,13 +126,14 @@ def test_transient_failure_recreates_the_pod_and_cordons_nothing(k8s_loop):
     first = wait_pod(c, ns, "job-name=flaky", lambda p: p.status.phase == "Running", "flaky pod running", 30)
     job = f"{ns}/flaky"
     job_started(bootstrap, worker, job)
-    kubelet.finish(first, failed=True, exit_code=134, reason="Error",
-                   message="[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=77, "
-                           "OpType=ALLREDUCE) ran for 600042 milliseconds before timing out.")
+    # the Hugging Face Hub rate-limiting every rank at once, as the job printed it (tests/data/failures/tune)
+    rate_limited = excerpt("t-hf-kernels-640-hub-429-multirank-ratelimit")
+    kubelet.finish(first, failed=True, exit_code=1, reason="Error", message=rate_limited.log[-4096:])
     verdicts = collect(bootstrap, worker.topic("verdicts"), lambda rs: any(v["subject"] == job for v in rs), 60)
     jv = next(v for v in verdicts if v["subject"] == job)
     assert jv["fault_class"] == "transient_software"
     assert jv["actions"][0]["action"] == "retry"
+    assert jv["evidence"]["decided_by"] == "service_unavailable"
     wait_pod(c, ns, "job-name=flaky", lambda p: p.metadata.uid != first.metadata.uid and p.status.phase == "Running",
              "pod recreated and running", 90)
     for n in NODES:

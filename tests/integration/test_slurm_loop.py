@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.eval.failures import excerpt
+
 from .harness import ROOT, Worker, collect, gpu_sample, produce
 
 from .slurm_helpers import job as slurm_job
@@ -154,12 +156,13 @@ def test_transient_failure_is_requeued_and_no_node_is_drained(slurm_loop):
     job = f"slurm-{jid}"
     collect(bootstrap, worker.topic("telemetry.job"),
             lambda rs: any(r["job"] == job and r["event"] == "started" for r in rs), timeout=30)
-    crash.write_text("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=77, OpType=ALLREDUCE) "
-                     "ran for 600042 milliseconds before timing out.\n")
+    # the Hugging Face Hub answering 500 to a fine-tuning job, as it printed it (tests/data/failures/tune)
+    crash.write_text(excerpt("t-parler-tts-90-hf-hub-500-finetune").log + "\n")
     verdicts = collect(bootstrap, worker.topic("verdicts"), lambda rs: any(v["subject"] == job for v in rs), timeout=60)
     jv = next(v for v in verdicts if v["subject"] == job)
     assert jv["fault_class"] == "transient_software"
     assert jv["actions"][0]["action"] == "retry"
+    assert jv["evidence"]["triage"]["rule"] == "transient_exception"
     wait_for("the job to run again",
              lambda: slurm_job(conf, jid).get("Restarts") == "1" and running_nodes(conf, jid), 60)
     drained = [ln for ln in sh(conf, "sinfo", "-h", "-R", "-o", "%N|%E").splitlines()
@@ -170,7 +173,8 @@ def test_transient_failure_is_requeued_and_no_node_is_drained(slurm_loop):
 
 
 def _scenario(job: str, other: str, scheduler: str, t0: float):
-    """Xid 79 on the second node of one job, an NCCL timeout in another; all event-timed."""
+    """Xid 79 on the second node of one job, a failing service in another (both jobs print
+    real output, tests/data/failures/tune); all event-timed."""
     from schemas import GpuSample, JobEvent
 
     recs = []
@@ -184,11 +188,11 @@ def _scenario(job: str, other: str, scheduler: str, t0: float):
                 lost[5], xids = True, [(5, 79)]
             recs.append(GpuSample.model_validate(gpu_sample(n, t0 + t, lost=lost, xids=xids)))
         if t == 25:
-            recs.append(JobEvent(ts=t0 + t + 0.5, job=job, event="failed", scheduler=scheduler, nodes=a, exit_code=1,
-                                 reason="CUDA error", log_tail="RuntimeError: CUDA error: unspecified launch failure"))
+            recs.append(JobEvent(ts=t0 + t + 0.5, job=job, event="failed", scheduler=scheduler, nodes=a,
+                                 **excerpt("g-mineru-426-unspecified-launch-failure-bad-card").failed_fields()))
         if t == 28:
-            recs.append(JobEvent(ts=t0 + t, job=other, event="failed", scheduler=scheduler, nodes=b, exit_code=-6,
-                                 reason="NCCL watchdog timeout", log_tail="Watchdog caught collective operation timeout"))
+            recs.append(JobEvent(ts=t0 + t, job=other, event="failed", scheduler=scheduler, nodes=b,
+                                 **excerpt("t-parler-tts-90-hf-hub-500-finetune").failed_fields()))
     return recs
 
 
