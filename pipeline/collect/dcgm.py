@@ -371,7 +371,7 @@ class DcgmExporterParser:
             previous = self._last_xid.get((node, key))
             self._last_xid[(node, key)] = code
             if code != 0 and code != previous:
-                xids.append({"gpu": i, "code": code})
+                xids.append({"gpu": i, "code": code, "source": "dcgm"})
         return _record(node, ts, gpus, xids)
 
 

@@ -98,3 +98,42 @@ def test_storm_flagging_half_the_nodes_isolates_no_more_than_the_cap(loop):
     # the other node actions of held verdicts were held too
     diag = [a for a in actions if a["action"] == "diagnose" and a["target"] in storm]
     assert sum(1 for a in diag if a["outcome"] == "applied") == len(applied)
+
+
+def test_garbled_truncated_non_utf8_and_huge_failure_output_gets_a_verdict_or_a_dead_letter(loop):
+    """Real failure output (tests/data/failures/tune) cut mid-line, mixed with bytes that are not
+    UTF-8, and blown up past the schema's limit: each failure is judged, or dead-lettered with its
+    reason; the worker never stops deciding."""
+    from pipeline.eval.failures import excerpt
+
+    bootstrap, worker, api = loop
+    topic = worker.topic("telemetry.job")
+    real = excerpt("u-hymba-6-importerror-transformers-version").log
+    t0 = time.time() - 300
+    garbled = real[: len(real) // 2] + "\ufffd\x00\x1b[31m" + bytes(range(128, 160)).decode("latin-1")
+    good = {"schema": "job/1", "event": "failed", "scheduler": "sim", "nodes": ["hx-1"], "attempt": 1}
+    items = [
+        (topic, "hx-garbled", orjson.dumps({**good, "job": "hx-garbled", "ts": t0, "exit_code": 1, "log_tail": garbled})),
+        (topic, "hx-truncated", orjson.dumps({**good, "job": "hx-truncated", "ts": t0, "exit_code": 1,
+                                               "log_tail": real[:37]})),
+        (topic, "hx-huge", orjson.dumps({**good, "job": "hx-huge", "ts": t0, "exit_code": 1,
+                                          "log_tail": ((real + "\n") * (1_000_000 // len(real) + 1))[:1_000_000]})),
+        (topic, "hx-not-utf8", orjson.dumps({**good, "job": "hx-not-utf8", "ts": t0, "exit_code": 1,
+                                              "log_tail": "X"}).replace(b'"X"', b'"\xff\xfe\xc3("')),
+        (topic, "hx-cut", orjson.dumps({**good, "job": "hx-cut", "ts": t0, "exit_code": 1, "log_tail": real})[:-25]),
+    ]
+    starts = [(topic, k, orjson.dumps({**good, "job": k, "event": "started", "ts": t0 - 10}))
+              for k in ("hx-garbled", "hx-truncated")]
+    produce(bootstrap, starts + items)
+    judged = {"hx-garbled", "hx-truncated"}
+    dead_keys = {"hx-huge", "hx-not-utf8", "hx-cut"}
+    verdicts = collect(bootstrap, worker.topic("verdicts"), lambda rs: judged <= {v["subject"] for v in rs},
+                       timeout=120)
+    dead = collect(bootstrap, worker.topic("deadletter"),
+                   lambda rs: dead_keys <= {d.get("key") for d in rs if d["source_topic"] == topic}, timeout=120)
+    for job in judged:
+        v = next(v for v in verdicts if v["subject"] == job)
+        assert v["evidence"]["triage"]["rule"] and v["actions"], v
+    reasons = {d["key"]: d["reason"] for d in dead if d["source_topic"] == topic and d.get("key") in dead_keys}
+    assert set(reasons) == dead_keys and all(reasons.values()), reasons
+    assert "oversized" in reasons["hx-huge"] and "invalid JSON" in reasons["hx-cut"], reasons

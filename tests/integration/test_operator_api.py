@@ -26,7 +26,7 @@ KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 OTHER = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def _token(roles: list[str], *, key: Any = KEY, exp_in: float = 600) -> str:
+def _token(roles: list[str], *, key: Any = KEY, exp_in: float = 6 * 3600) -> str:
     now = time.time()
     return jwt.encode({"sub": f"u-{'-'.join(roles) or 'none'}", "iss": ISSUER, "aud": AUDIENCE, "iat": int(now) - 5,
                        "exp": int(now + exp_in), "realm_access": {"roles": roles}}, key, algorithm="RS256",

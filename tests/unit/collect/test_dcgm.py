@@ -151,22 +151,22 @@ def test_xid_gauge_change_is_reported_once() -> None:
     (fourth,) = parser.parse(xid_lines([0, 0, 0, 48]), TS + 30)
     valid([first, second, third, fourth])
     assert first["xids"] == []
-    assert second["xids"] == [{"gpu": 3, "code": 79}]
+    assert second["xids"] == [{"gpu": 3, "code": 79, "source": "dcgm"}]
     assert third["xids"] == []
-    assert fourth["xids"] == [{"gpu": 3, "code": 48}]
+    assert fourth["xids"] == [{"gpu": 3, "code": 48, "source": "dcgm"}]
 
 
 def test_xid_seen_again_after_the_gauge_went_back_to_zero() -> None:
     parser = DcgmExporterParser()
     parser.parse(xid_lines([79]), TS)
     assert parser.parse(xid_lines([0]), TS + 10)[0]["xids"] == []
-    assert parser.parse(xid_lines([79]), TS + 20)[0]["xids"] == [{"gpu": 0, "code": 79}]
+    assert parser.parse(xid_lines([79]), TS + 20)[0]["xids"] == [{"gpu": 0, "code": 79, "source": "dcgm"}]
 
 
 def test_stateless_wrapper_reports_any_nonzero_xid() -> None:
     for _ in range(2):
         (rec,) = parse_exporter(xid_lines([0, 13]), ts=TS)
-        assert rec["xids"] == [{"gpu": 1, "code": 13}]
+        assert rec["xids"] == [{"gpu": 1, "code": 13, "source": "dcgm"}]
 
 
 def test_unusable_xid_value_is_ignored() -> None:
