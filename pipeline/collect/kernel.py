@@ -211,8 +211,10 @@ def boot_time() -> float:
         return time.time() - time.monotonic()
 
 
-def _follow_file(path: Path, stop: threading.Event, *, from_start: bool, poll_s: float) -> Iterator[bytes]:
-    """Lines appended to ``path``, following rotation (a new inode) and truncation."""
+def _follow_file(path: Path, stop: threading.Event, *, from_start: bool, poll_s: float,
+                 start_at: int | None = None) -> Iterator[bytes]:
+    """Lines appended to ``path``, following rotation (a new inode) and truncation.
+    ``start_at``: the offset to begin at (where the file ended when following began)."""
     f = None
     inode = None
     try:
@@ -225,7 +227,8 @@ def _follow_file(path: Path, stop: threading.Event, *, from_start: bool, poll_s:
                     continue
                 inode = os.fstat(f.fileno()).st_ino
                 if not from_start:
-                    f.seek(0, os.SEEK_END)
+                    size = os.fstat(f.fileno()).st_size
+                    f.seek(min(start_at, size) if start_at is not None else size)
                 from_start = True  # a rotated file is read from its start
             line = f.readline()
             if line.endswith(b"\n"):
@@ -247,12 +250,12 @@ def _follow_file(path: Path, stop: threading.Event, *, from_start: bool, poll_s:
             f.close()
 
 
-def _read_kmsg(path: Path, stop: threading.Event, *, from_start: bool) -> Iterator[bytes]:
+def _read_kmsg(path: Path, stop: threading.Event, *, from_start: bool, start_at: int | None = None) -> Iterator[bytes]:
     """Records of the kernel's ring buffer device: each read() returns one record; an
     overwritten record (EPIPE) is skipped.  A regular file in the same format is read
     line by line."""
     if path.is_file():
-        yield from _follow_file(path, stop, from_start=from_start, poll_s=0.2)
+        yield from _follow_file(path, stop, from_start=from_start, poll_s=0.2, start_at=start_at)
         return
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
@@ -297,6 +300,8 @@ class KernelLogCollector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._start_at: int | None = None
+        self._boot: float | None = None
 
     def handle(self, raw: str | bytes) -> None:
         """One raw record of the source: parse, map, hand over (never raises)."""
@@ -342,9 +347,11 @@ class KernelLogCollector:
                 log.error("kernel log: journalctl exited (%s)", self._proc.poll())
             return
         if self.kind == "kmsg":
-            yield from _read_kmsg(Path(self.path or "/dev/kmsg"), self._stop, from_start=self.from_start)
+            yield from _read_kmsg(Path(self.path or "/dev/kmsg"), self._stop, from_start=self.from_start,
+                                  start_at=self._start_at)
             return
-        yield from _follow_file(Path(self.path or ""), self._stop, from_start=self.from_start, poll_s=0.2)
+        yield from _follow_file(Path(self.path or ""), self._stop, from_start=self.from_start, poll_s=0.2,
+                                start_at=self._start_at)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -360,6 +367,13 @@ class KernelLogCollector:
 
     def open(self) -> KernelLogCollector:
         self._boot = boot_time() if self.kind == "kmsg" else None
+        # a file is followed from where it ends now: nothing written after open() is missed
+        self._start_at = None
+        if self.path and not self.from_start:
+            try:
+                self._start_at = Path(self.path).stat().st_size if Path(self.path).is_file() else None
+            except OSError:
+                self._start_at = None
         if self.kind == "journald" and self.path is None and shutil.which("journalctl") is None:
             raise RuntimeError("collect.kernel_log is journald but journalctl is not installed")
         if self.kind in ("kmsg", "file") and self.path and not Path(self.path).exists():
