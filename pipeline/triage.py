@@ -212,17 +212,17 @@ CUDA_KIND: dict[str, tuple[Kind, FaultClass, bool]] = {
     "cudaErrorStreamCaptureUnsupported": ("user", FaultClass.user_error, True),
     "cudaErrorUnsupportedPtxVersion": ("user", FaultClass.user_error, True),
     "cudaErrorInsufficientDriver": ("user", FaultClass.user_error, True),
-    "cudaErrorSystemDriverMismatch": ("unknown", FaultClass.gpu_hardware, False),
+    "cudaErrorSystemDriverMismatch": ("suspect", FaultClass.gpu_hardware, False),
     "cudaErrorCompatNotSupportedOnDevice": ("user", FaultClass.user_error, True),
     "cudaErrorPeerAccessUnsupported": ("user", FaultClass.user_error, False),
     "cudaErrorNotSupported": ("user", FaultClass.user_error, False),
     # the GPU or its driver: seen as often from a failing board as from a bad kernel
-    "cudaErrorLaunchFailure": ("unknown", FaultClass.gpu_hardware, False),
-    "cudaErrorLaunchTimeout": ("unknown", FaultClass.gpu_hardware, False),
-    "cudaErrorUnknown": ("unknown", FaultClass.gpu_hardware, False),
-    "cudaErrorNoDevice": ("unknown", FaultClass.gpu_hardware, False),
-    "cudaErrorInitializationError": ("unknown", FaultClass.gpu_hardware, False),
-    "cudaErrorSystemNotReady": ("unknown", FaultClass.gpu_hardware, False),
+    "cudaErrorLaunchFailure": ("suspect", FaultClass.gpu_hardware, False),
+    "cudaErrorLaunchTimeout": ("suspect", FaultClass.gpu_hardware, False),
+    "cudaErrorUnknown": ("suspect", FaultClass.gpu_hardware, False),
+    "cudaErrorNoDevice": ("suspect", FaultClass.gpu_hardware, False),
+    "cudaErrorInitializationError": ("suspect", FaultClass.gpu_hardware, False),
+    "cudaErrorSystemNotReady": ("suspect", FaultClass.gpu_hardware, False),
     "cudaErrorDevicesUnavailable": ("transient", FaultClass.transient_software, False),
     # only failing hardware reports these
     "cudaErrorECCUncorrectable": ("hardware", FaultClass.gpu_memory, True),
@@ -754,12 +754,11 @@ def classify(r: Reading, nodes: list[str] | None = None) -> Triage:
     if r.cuda_errors:
         name = _strongest_cuda(r.cuda_errors)
         kind, fc, strong = CUDA_KIND[name]
-        if kind == "unknown":
-            return t("suspect", FaultClass.gpu_hardware, "cuda_error_ambiguous",
-                     f"{name}: raised by failing GPUs and by faulty programs alike", False, True, named)
+        if kind == "suspect":
+            return t(kind, fc, "cuda_error_ambiguous", f"{name}: raised by failing GPUs and by faulty programs alike",
+                     False, True, named)
         return t(kind, fc, "cuda_error", f"the CUDA runtime reported {name}", strong, kind != "user", named)
-    status = [s for s in re.findall(r"\b\w+_STATUS_\w+\b", " ".join(e[1] for e in r.exceptions))
-              if s in LIB_STATUS_KIND]
+    status = [s for s in _LIB_STATUS.findall(" ".join(e[1] for e in r.exceptions)) if s in LIB_STATUS_KIND]
     if status:
         kind, fc, strong = LIB_STATUS_KIND[status[0]]
         return t(kind, fc, "cuda_library_status", f"a CUDA library returned {status[0]}", strong, kind != "user",
@@ -820,7 +819,7 @@ def _strongest_cuda(names: list[str]) -> str:
     outright over an ambiguous one (an OOM often ends in 'unspecified launch failure')."""
     def rank(n: str) -> tuple[int, int]:
         kind, _, strong = CUDA_KIND[n]
-        return ({"hardware": 0, "user": 1, "transient": 2, "unknown": 3}[kind] - (1 if strong else 0), 0)
+        return ({"hardware": 0, "user": 1, "transient": 2, "suspect": 3}[kind] - (1 if strong else 0), 0)
     return min(names, key=rank)
 
 
