@@ -196,6 +196,7 @@ def _degrading(h: dict[str, Any], node: str, a: Anomaly, cfg: PolicySettings) ->
             "anomalies": [x[4] for x in recent],
             "kinds": kinds,
             "confirmations": len(recent),
+            "rule": "degradation findings in the window (degrade_confirmations)",
             "window_s": cfg.degrade_window_s,
             "last": a.evidence,
         }
@@ -313,7 +314,8 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
     if n.kind == "network_fault":
         if h["state"] in OUT_OF_POOL:
             return Decision()
-        evidence = {"switch_track": n.reason, "anomalies": [n.signature] if n.signature else [], "detail": n.job}
+        evidence = {"switch_track": n.reason, "anomalies": [n.signature] if n.signature else [], "detail": n.job,
+                    "rule": "a port anomaly of this node alone under its switch"}
         incident = stable_id("node", node, "network", n.signature or n.ts)
         if net is not None and net.enforce:
             return _isolate_node(h, node, n.ts, FaultClass.node_network, evidence, confidence=0.85,
@@ -364,7 +366,8 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
         if len(began_here) >= cfg.repeat_origin_failures:
             began = sorted((j, a) for j, attempts in began_here.items() for a in sorted(set(attempts)))
             incident = stable_id("node", node, "origin", *sorted(began_here))
-            evidence = {"failures_began_here": [list(x) for x in began], "window_s": cfg.repeat_origin_window_s,
+            evidence = {"rule": "failures of different jobs keep beginning on this node (repeat_origin_failures)",
+                        "failures_began_here": [list(x) for x in began], "window_s": cfg.repeat_origin_window_s,
                         "failed_jobs": sorted(began_here), "anomalies": []}
             h["job"] = h.get("job") or n.job
             return _isolate_node(h, node, n.ts, FaultClass.unknown, evidence, confidence=0.7, incident=incident, hard=True)
@@ -378,7 +381,8 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
         # failures of big jobs fall on hundreds of nodes at once and say little about one
         if len(jobs) >= cfg.repeat_failure_jobs and sum(blame.values()) >= cfg.repeat_failure_share - 1e-9:
             incident = stable_id("node", node, "repeat", *jobs)
-            evidence = {"failed_jobs": jobs, "window_s": cfg.repeat_failure_window_s, "anomalies": [],
+            evidence = {"rule": "in the failures of several jobs, carrying their blame (repeat_failure_jobs)",
+                        "failed_jobs": jobs, "window_s": cfg.repeat_failure_window_s, "anomalies": [],
                         "blame": round(sum(blame.values()), 3)}
             h["job"] = h.get("job") or n.job  # tell the failed job if nothing newer runs here
             return _isolate_node(h, node, n.ts, FaultClass.unknown, evidence, confidence=0.6, incident=incident, hard=True)
@@ -389,7 +393,8 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
         if h["state"] in OUT_OF_POOL:
             return Decision()
         fc = n.fault_class or FaultClass.gpu_hardware
-        evidence = {"anomalies": [], "job_output": n.evidence, "detail": n.reason}
+        evidence = {"anomalies": [], "job_output": n.evidence, "detail": n.reason,
+                    "rule": "a job's output named a hardware fault on this node"}
         h["job"] = h.get("job") or n.job
         return _isolate_node(h, node, n.ts, fc, evidence, confidence=0.85,
                              incident=n.signature or stable_id("node", node, "job-output", n.job, n.attempt), hard=True)

@@ -100,6 +100,8 @@ class Reading:
     gpu_stack: str | None = None
     #: the scheduler could not set the job up on a node (a failed prolog): the node, when named
     prolog: tuple[str, str | None] | None = None
+    #: hosts a launcher names as where a worker failed (srun, mpirun), first first
+    failed_hosts: list[str] = field(default_factory=list)
     #: the last line that says what went wrong (for the signature)
     last_error: str = ""
 
@@ -108,7 +110,8 @@ class Reading:
         out: dict[str, Any] = {}
         for k in ("exit_code", "signal", "scheduler_reason", "torchrun", "cuda_errors", "nccl_errors",
                   "nccl_watchdog", "xids", "hardware", "network", "peer_lost", "launcher_exit", "argument_error",
-                  "http_status", "preempted", "image_pull", "shm", "diagnostics", "gpu_stack", "prolog"):
+                  "http_status", "preempted", "image_pull", "shm", "diagnostics", "gpu_stack", "prolog",
+                  "failed_hosts"):
             v = getattr(self, k)
             if v not in (None, [], False, ""):
                 out[k] = v
@@ -137,6 +140,19 @@ WRAPPERS = frozenset({
 _SIGNAL_TEXT = re.compile(r"\bSignal (\d+) \((SIG[A-Z0-9]+)\) received by PID\b|\bkilled by signal (\d+)\b|"
                           r"\bexited with signal (SIG[A-Z0-9]+)\b|\bterminated by signal (SIG[A-Z0-9]+)\b|"
                           r"\bgot signal:? ?(\d+)\b", re.IGNORECASE)
+#: a shell's or launcher's word for a signal: "Killed", "Segmentation fault (core dumped)", ...
+_SHELL_SIGNAL = {"killed": "SIGKILL", "segmentation fault": "SIGSEGV", "bus error": "SIGBUS",
+                 "aborted": "SIGABRT", "illegal instruction": "SIGILL", "floating point exception": "SIGFPE",
+                 "terminated": "SIGTERM", "hangup": "SIGHUP"}
+_SHELL_SIGNAL_RE = re.compile(r"^(?:\S+: line \d+:\s+\d+\s+)?(Killed|Segmentation fault|Bus error|Aborted|"
+                              r"Illegal instruction|Floating point exception|Terminated|Hangup)"
+                              r"(?: \(core dumped\))?(?:\s|$)")
+#: launchers that name the host a worker failed on: srun ("srun: error: HOST: task N: ..."),
+#: Open MPI ("process rank N with PID P on node HOST exited on signal S"), pdsh-style prefixes
+_HOST_LINES = (
+    re.compile(r"srun: error: ([\w.-]+): tasks? [\d,-]+: (.*)$"),
+    re.compile(r"process rank \d+ with PID \d+ on node ([\w.-]+) exited on signal (\d+)"),
+)
 
 # torchrun's summary: "Root Cause (first observed failure):" then "  host : ..." lines
 _TR_ROOT = re.compile(r"Root Cause \(first observed failure\):", re.IGNORECASE)
@@ -161,7 +177,8 @@ _SLURM_STATE = re.compile(r"\b(" + "|".join(SLURM_STATES) + r")\b")
 _STEPD = re.compile(r"\*\*\* (?:JOB|STEP) [\w.+]+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
 _STEPD_REASONS = {"TIME LIMIT": "TIME_LIMIT", "PREEMPTION": "PREEMPTED", "NODE FAILURE": "NODE_FAIL",
                   "JOB REQUEUE": "REQUEUED"}
-_OOM_KILL = re.compile(r"\boom[-_ ]kill(?:ed)?\b|\bOut of memory: Killed process\b|Some of (?:the|your) "
+_OOM_KILL = re.compile(r"\boom[-_ ]kill(?:ed)?\b|\bOut of memory: Killed process\b|\btasks? [\d,-]+: Out Of Memory\b|"
+                       r"Some of (?:the|your) "
                        r"(?:step|processes).* (?:have been|may have been) OOM Killed", re.IGNORECASE)
 
 # CUDA runtime errors by their cudaGetErrorString text (CUDA Runtime API, "Error Handling")
@@ -506,6 +523,21 @@ def read_failure(exit_code: int | None, reason: str | None, log_tail: str | None
                 name = sig.group(2) or sig.group(4) or sig.group(5)
                 num = sig.group(1) or sig.group(3) or sig.group(6)
                 r.signal = name.upper() if name else _signal_name(int(num))
+            else:
+                sh = _SHELL_SIGNAL_RE.search(s)
+                if sh:
+                    r.signal = _SHELL_SIGNAL[sh.group(1).lower()]
+        for pat in _HOST_LINES:
+            hm = pat.search(s)
+            if hm:
+                r.failed_hosts.append(hm.group(1))
+                tail_ = hm.group(2)
+                if r.signal is None and tail_.isdigit():
+                    r.signal = _signal_name(int(tail_))
+                elif r.signal is None:
+                    sh = _SHELL_SIGNAL_RE.search(tail_)
+                    if sh:
+                        r.signal = _SHELL_SIGNAL[sh.group(1).lower()]
         le = _LAUNCHER_EXIT.search(s)
         if le:
             code = _first_int(le)
@@ -838,6 +870,10 @@ def _named_node(r: Reading, nodes: list[str]) -> str | None:
 
     if r.torchrun:
         hit = match(r.torchrun.get("host"))
+        if hit:
+            return hit
+    for host in r.failed_hosts:  # the launcher's first failed worker
+        hit = match(host)
         if hit:
             return hit
     for host, _ in reversed(r.nccl_warns):

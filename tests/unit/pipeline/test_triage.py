@@ -142,3 +142,20 @@ def test_garbled_truncated_non_utf8_and_huge_output_is_read_without_a_crash():
     r, t = triage(1, None, huge)
     assert len(huge) > 1_000_000 and t.rule
     assert read_failure(1, "x" * 2_000_000, None).scheduler_reason is None
+
+
+def test_launchers_name_the_host_and_the_signal():
+    # ArjunaCluster/ArjunaUsers#48: an interactive srun step killed on node c002
+    r, t = triage(None, None, "srun: error: c002: task 0: Killed\nsrun: Force Terminated StepId=120.0", ["c001", "c002"])
+    assert (r.signal, r.failed_hosts, t.node, t.rule) == ("SIGKILL", ["c002"], "c002", "sigkill")
+    # ArjunaCluster/ArjunaUsers#52: the batch script's shell and slurmstepd report the cgroup's OOM killer
+    log = ("/var/spool/slurmd/job00191/slurm_script: line 28:  8156 Killed                  python3 main.py --prop "
+           "hform --epochs 400 --lr_milestones 50 100 200 --gamma 0.25 --normalizing_const_AO 10000.0 --lr_generator "
+           "0.001 --lr_conv 0.001\nslurmstepd: error: Detected 1 oom-kill event(s) in StepId=191.batch cgroup. Some of "
+           "your processes may have been killed by the cgroup out-of-memory handler.")
+    r, t = triage(None, None, log)
+    assert r.signal == "SIGKILL" and t.rule == "host_out_of_memory"
+    # nextflow-io/nextflow#5932: srun's own words for the same
+    assert triage(None, None, "srun: error: sdumont6156: task 0: Out Of Memory")[1].rule == "host_out_of_memory"
+    # a sentence that merely contains the word is no signal
+    assert triage(None, None, "Training step 5 terminated early")[0].signal is None
