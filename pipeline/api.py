@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections import deque
@@ -105,6 +106,21 @@ def operator_verdict(subject: str, actions: list[tuple[ActionName, str, dict[str
                    nodes=[subject])
 
 
+#: path parameters, by the same rules as the records: a node is a schema NodeName (one
+#: node, not a hostlist), a held isolation's key is an idempotency key
+_PARAMS = {"node": re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$"), "key": re.compile(r"^[A-Za-z0-9._:@/-]{1,512}$")}
+
+
+def _bad_params(params: dict[str, Any]) -> str | None:
+    """Why a request's path parameters are refused, or None."""
+    for name, value in params.items():
+        rule = _PARAMS.get(name)
+        if rule is not None and not (isinstance(value, str) and rule.match(value)):
+            shown = value[:60] + "..." if isinstance(value, str) and len(value) > 60 else value
+            return f"{name} {shown!r} is not a valid {name} (letters, digits and . _ : -, one name, at most 253)"
+    return None
+
+
 def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
     """Register the API's views on ``app``; returns each path with its HTTP methods."""
     routes: dict[str, set[str]] = {}
@@ -130,6 +146,9 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
                 except AuthError as exc:
                     headers = {"WWW-Authenticate": 'Bearer realm="fleetmedic"'} if exc.status == 401 else {}
                     return self.json({"error": exc.reason}, status=exc.status, headers=headers)
+                bad = _bad_params(params)
+                if bad is not None:
+                    return self.json({"error": bad}, status=400)
                 return await method(self, request, who, **params)
             return checked
         return wrap

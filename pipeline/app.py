@@ -108,7 +108,8 @@ def build_auth(s: Settings) -> Any:
     if not a.enabled:
         return NoAuth()
     return OidcAuth(issuer=a.issuer, audience=a.audience, jwks_url=a.jwks_url, roles_claim=a.roles_claim,
-                    viewer_role=a.viewer_role, operator_role=a.operator_role, leeway_s=a.leeway_s)
+                    viewer_role=a.viewer_role, operator_role=a.operator_role, leeway_s=a.leeway_s,
+                    client_id=a.client_id)
 
 
 def build_alerts(s: Settings, on_outcome: Any) -> Any:
@@ -158,7 +159,16 @@ def data_dir(s: Settings) -> Path:
 
 def create_app(s: Settings, **faust_options: Any) -> faust.App:
     """Declare the fleetmedic Faust app for ``s``."""
+    from .gate import GateConfig, is_loopback, make_gate
+
     specs = topic_specs(s)
+    auth = build_auth(s)
+    gate = GateConfig.for_worker(auth, web_host=s.worker.web_host, web_bind=s.worker.web_bind,
+                                 extra_hosts=s.worker.allowed_hosts, metrics_public=s.auth.metrics_public)
+    if not is_loopback(s.worker.web_bind) and not s.auth.enabled:
+        log.warning("the worker listens on %s with sign-in OFF: anyone who reaches port %d can read every node's "
+                    "history and hold or return nodes; turn auth.enabled on or bind to 127.0.0.1",
+                    s.worker.web_bind, s.worker.web_port)
     datadir = data_dir(s)
     datadir.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
     options = dict(
@@ -171,7 +181,14 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         topic_replication_factor=s.kafka.replication,
         web_host=s.worker.web_host,
         web_port=s.worker.web_port,
+        web_bind=s.worker.web_bind,
         web_enabled=True,
+        # Faust's own views show tables, partitions and the graph to anyone: off; every
+        # route passes the gate (pipeline.gate)
+        web_tables_enabled=False,
+        web_router_enabled=False,
+        web_graph_enabled=False,
+        web_application_options={"middlewares": [make_gate(gate)], "client_max_size": 256 * 1024},
         autodiscover=False,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
@@ -660,12 +677,12 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     runtime = {"dry_run": s.safety.dry_run}
     api_ctx = api_mod.ApiContext(
-        auth=build_auth(s), node_table=node_to_health, job_table=job_to_history, switch_table=switch_to_state,
+        auth=auth, node_table=node_to_health, job_table=job_to_history, switch_table=switch_to_state,
         send_verdict=lambda v: t_verdicts.send(key=v.subject.encode(), value=v.to_json()),
         send_node_notice=lambda n: t_node_in.send(key=n.node.encode(), value=n.to_json()),
         dry_run=lambda: runtime["dry_run"], set_dry_run=lambda on: runtime.update(dry_run=on),
     )
-    api_mod.install(app, api_ctx)
+    gate.api_routes |= set(api_mod.install(app, api_ctx))
     app.fleetmedic_api = api_ctx  # type: ignore[attr-defined]
 
     # verdicts to the alert webhooks, delivered in the background: a receiver that is down

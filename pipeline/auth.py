@@ -74,7 +74,7 @@ class OidcAuth:
                  roles_claim: str = "realm_access.roles", viewer_role: str = "viewer",
                  operator_role: str = "operator", leeway_s: float = 30.0,
                  algorithms: tuple[str, ...] = ("RS256", "RS384", "RS512", "ES256", "ES384", "PS256"),
-                 jwks_cache_s: float = 300.0, timeout_s: float = 5.0) -> None:
+                 jwks_cache_s: float = 300.0, timeout_s: float = 5.0, client_id: str | None = None) -> None:
         if not issuer:
             raise ValueError("issuer is required")
         if not audience:
@@ -86,6 +86,7 @@ class OidcAuth:
         self.roles_claim = roles_claim
         self.role_map = {viewer_role: "viewer", operator_role: "operator"}
         self.leeway_s = leeway_s
+        self.client_id = client_id
         self.algorithms = list(algorithms)
         self.jwks = jwt.PyJWKClient(self.jwks_url, cache_keys=True, lifespan=int(jwks_cache_s), timeout=int(timeout_s))
 
@@ -100,19 +101,36 @@ class OidcAuth:
             raise AuthError(401, "the Authorization header must be 'Bearer <token>'")
         token = token.strip()
         try:
+            header = jwt.get_unverified_header(token)
+        except Exception as exc:  # any malformed header is the client's problem, never a 500
+            raise AuthError(401, f"unreadable token header: {type(exc).__name__}") from exc
+        if not isinstance(header.get("kid"), str) or not header["kid"]:
+            raise AuthError(401, "the token's header names no key (kid)")
+        if header.get("typ") not in (None, "JWT", "at+jwt", "application/at+jwt"):
+            raise AuthError(401, f"not an access token (typ {header.get('typ')!r})")
+        try:
             key = await asyncio.to_thread(self.jwks.get_signing_key_from_jwt, token)
         except jwt.PyJWKClientConnectionError as exc:
             raise AuthError(503, f"cannot fetch the issuer's keys: {exc}") from exc
-        except (jwt.PyJWKClientError, jwt.DecodeError) as exc:
-            raise AuthError(401, f"no signing key for this token: {exc}") from exc
+        except Exception as exc:
+            raise AuthError(401, f"no signing key for this token: {type(exc).__name__}") from exc
+        # a key that names its algorithm is used with that algorithm only
+        published = (getattr(key, "_jwk_data", None) or {}).get("alg")  # PyJWK keeps the JWK it was built from
+        algorithms = [published] if published in self.algorithms else self.algorithms
         try:
-            claims = jwt.decode(token, key.key, algorithms=self.algorithms, audience=self.audience,
+            claims = jwt.decode(token, key.key, algorithms=algorithms, audience=self.audience,
                                 issuer=self.issuer, leeway=self.leeway_s,
                                 options={"require": ["exp", "iss", "aud", "sub"]})
         except jwt.ExpiredSignatureError as exc:
             raise AuthError(401, "token expired") from exc
         except jwt.InvalidTokenError as exc:
             raise AuthError(401, f"invalid token: {exc}") from exc
+        except Exception as exc:
+            raise AuthError(401, f"invalid token: {type(exc).__name__}") from exc
+        if str(claims.get("typ", "Bearer")).lower() not in ("bearer", "at+jwt"):
+            raise AuthError(401, f"not an access token (typ {claims.get('typ')!r}): an ID token does not sign in")
+        if self.client_id and claims.get("azp") not in (None, self.client_id):
+            raise AuthError(401, f"issued to another client (azp {claims.get('azp')!r})")
         raw = _claim(claims, self.roles_claim)
         names = raw if isinstance(raw, list) else []
         roles = frozenset(self.role_map[r] for r in names if isinstance(r, str) and r in self.role_map)

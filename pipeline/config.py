@@ -41,7 +41,19 @@ class KafkaSettings(_Section):
 
 class WorkerSettings(_Section):
     web_port: int = Field(6066, ge=0, le=65535, description="Faust web server port (0: pick a free one)")
-    web_host: str = "127.0.0.1"
+    web_host: str = Field("127.0.0.1", description="the worker's host name in its own URLs (Faust's canonical URL)")
+    web_bind: str = Field(
+        "127.0.0.1", description="the address the web server listens on (0.0.0.0: every interface; turn sign-in "
+                                 "on first)")
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="names the Host header may carry besides loopback, web_host and web_bind "
+                                          "(a Service name, an ingress host); '*' allows any; in the environment, "
+                                          "comma-separated")
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _hosts_from_text(cls, v: Any) -> Any:
+        return [h.strip() for h in v.split(",") if h.strip()] if isinstance(v, str) else v
     data_dir: str = Field(
         "", description="Faust's data directory (empty: $FLEETMEDIC_STATE/faust, else ~/.cache/fleetmedic/worker/faust)")
     hold_telemetry: bool = Field(
@@ -237,6 +249,8 @@ class AuthSettings(_Section):
     viewer_role: str = Field("viewer", min_length=1, description="role that may read")
     operator_role: str = Field("operator", min_length=1, description="role that may read and change")
     leeway_s: float = Field(30.0, ge=0, le=600, description="clock skew allowed on exp/nbf/iat")
+    metrics_public: bool = Field(False, description="serve /metrics without a token (for a Prometheus scrape)")
+    client_id: str | None = Field(None, description="when set, a token's azp (the client it was issued to) must be it")
 
     @model_validator(mode="after")
     def _needs_issuer(self) -> AuthSettings:

@@ -52,7 +52,8 @@ class WorkerProcess:
 
     def release(self) -> None:
         """Let a worker started with ``worker.hold_telemetry`` read telemetry."""
-        req = urllib.request.Request(f"http://127.0.0.1:{self.web_port}/fleetmedic/release", data=b"", method="POST")
+        req = urllib.request.Request(f"http://127.0.0.1:{self.web_port}/fleetmedic/release", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=10) as r:
             r.read()
 

@@ -75,7 +75,7 @@ async def test_viewer_reads_operator_changes(jwks: str) -> None:
 @pytest.mark.parametrize("header, reason", [
     (None, "no bearer token"),
     ("Basic YWxpY2U6cHc=", "must be 'Bearer"),
-    ("Bearer not-a-jwt", "no signing key"),
+    ("Bearer not-a-jwt", "unreadable token header"),
 ])
 async def test_missing_or_malformed_tokens_are_401(jwks: str, header: str | None, reason: str) -> None:
     with pytest.raises(AuthError) as e:
