@@ -1,9 +1,10 @@
 """Sign-in for the operator API and the dashboard: OIDC bearer tokens (as Keycloak issues
 them), checked against the issuer's JWKS with PyJWT.
 
-A request carries ``Authorization: Bearer <JWT>``.  :class:`OidcAuth` fetches the signing
-key named by the token's ``kid`` from the JWKS (cached, refetched for an unknown ``kid``,
-in a thread so the event loop never waits on it), then checks the signature, ``iss``,
+A request carries ``Authorization: Bearer <JWT>``.  :class:`OidcAuth` takes the signing
+key named by the token's ``kid`` from the issuer's JWKS (:class:`KeyStore`: kept as the
+JWKS's cache headers say, at most 10 minutes, refreshed in the background, an unknown
+``kid`` refetched at most every 30 s), then checks the signature, ``iss``,
 ``aud``, ``exp`` (and ``nbf``/``iat`` when present, with ``leeway_s``) and reads the roles
 from ``roles_claim`` (Keycloak: ``realm_access.roles``).  Roles: ``viewer`` reads,
 ``operator`` reads and changes (an operator is a viewer too).  Every refusal says why:
@@ -17,6 +18,9 @@ an anonymous operator; the API and the dashboard say that sign-in is off.
 from __future__ import annotations
 
 import asyncio
+import re
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -65,6 +69,90 @@ class NoAuth:
         return {"enabled": False, "note": "sign-in is off: anyone who reaches this port can read and act"}
 
 
+class KeyStore:
+    """The issuer's signing keys, fetched from its JWKS and kept as its cache headers say.
+
+    * A key is served from memory while the key set is fresh: ``Cache-Control: max-age``,
+      at most ``max_ttl_s`` (10 minutes), at least ``min_ttl_s``.
+    * After that, the next request starts one refresh in the background and is served from
+      memory meanwhile: a slow identity provider never delays a request whose key is known.
+      A key the refreshed set no longer holds is refused from then on.
+    * An unknown ``kid`` triggers a refetch at most once per ``unknown_every_s``; every other
+      request with an unknown ``kid`` in between is refused at once (401), so tokens with made-up
+      kids cannot queue requests behind the issuer.
+    * Fetches are single-flight (one at a time, shared by every waiter) with ``timeout_s``.
+
+    ``fetch`` is injected (tests pass one; the worker's default uses aiohttp).
+    """
+
+    def __init__(self, url: str, *, fetch: Callable[[str, float], Awaitable[tuple[dict[str, Any], float | None]]] | None = None,
+                 timeout_s: float = 3.0, max_ttl_s: float = 600.0, min_ttl_s: float = 30.0,
+                 unknown_every_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.url = url
+        self.fetch = fetch or _fetch_jwks
+        self.timeout_s = timeout_s
+        self.max_ttl_s = max_ttl_s
+        self.min_ttl_s = min_ttl_s
+        self.unknown_every_s = unknown_every_s
+        self.clock = clock
+        self.keys: dict[str, jwt.PyJWK] = {}
+        self.fresh_until = 0.0
+        self.last_fetch = -1e18
+        self._inflight: asyncio.Task[None] | None = None
+        self.fetches = 0
+
+    async def _refresh(self) -> None:
+        self.fetches += 1
+        self.last_fetch = self.clock()
+        doc, max_age = await asyncio.wait_for(self.fetch(self.url, self.timeout_s), self.timeout_s + 0.5)
+        keys: dict[str, jwt.PyJWK] = {}
+        for jwk in doc.get("keys", []) if isinstance(doc, dict) else []:
+            if not isinstance(jwk, dict) or not isinstance(jwk.get("kid"), str) or jwk.get("use", "sig") != "sig":
+                continue
+            try:
+                keys[jwk["kid"]] = jwt.PyJWK(jwk)
+            except Exception:  # a key type PyJWT cannot use: skipped, not fatal
+                continue
+        ttl = min(self.max_ttl_s, max(self.min_ttl_s, max_age if max_age is not None else self.max_ttl_s))
+        self.keys, self.fresh_until = keys, self.clock() + ttl
+
+    def _start(self) -> asyncio.Task[None]:
+        if self._inflight is None or self._inflight.done():
+            self._inflight = asyncio.ensure_future(self._refresh())
+        return self._inflight
+
+    async def key(self, kid: str) -> jwt.PyJWK:
+        """The signing key ``kid``; :class:`AuthError` when there is none (401) or the issuer
+        cannot be reached and nothing is known (503)."""
+        now = self.clock()
+        if kid in self.keys:
+            if now >= self.fresh_until:
+                task = self._start()  # refresh behind the request
+                task.add_done_callback(lambda t: t.exception())
+            return self.keys[kid]
+        if self.keys and now - self.last_fetch < self.unknown_every_s and now < self.fresh_until:
+            raise AuthError(401, f"unknown signing key {kid!r}")
+        try:
+            await asyncio.shield(self._start())
+        except Exception as exc:
+            if not self.keys:
+                raise AuthError(503, f"cannot fetch the issuer's keys: {type(exc).__name__}: {exc}") from exc
+        if kid not in self.keys:
+            raise AuthError(401, f"unknown signing key {kid!r}")
+        return self.keys[kid]
+
+
+async def _fetch_jwks(url: str, timeout_s: float) -> tuple[dict[str, Any], float | None]:
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        async with session.get(url, headers={"Accept": "application/json"}) as r:
+            r.raise_for_status()
+            doc = await r.json(content_type=None)
+            m = re.search(r"max-age=(\d+)", r.headers.get("Cache-Control", ""))
+            return doc, float(m.group(1)) if m else None
+
+
 class OidcAuth:
     """Bearer tokens from ``issuer`` for ``audience``, keys from ``jwks_url``."""
 
@@ -88,7 +176,7 @@ class OidcAuth:
         self.leeway_s = leeway_s
         self.client_id = client_id
         self.algorithms = list(algorithms)
-        self.jwks = jwt.PyJWKClient(self.jwks_url, cache_keys=True, lifespan=int(jwks_cache_s), timeout=int(timeout_s))
+        self.keys = KeyStore(self.jwks_url, timeout_s=min(timeout_s, 5.0), max_ttl_s=min(jwks_cache_s, 600.0))
 
     def describe(self) -> dict[str, Any]:
         return {"enabled": True, "issuer": self.issuer, "audience": self.audience, "roles_claim": self.roles_claim}
@@ -108,12 +196,7 @@ class OidcAuth:
             raise AuthError(401, "the token's header names no key (kid)")
         if header.get("typ") not in (None, "JWT", "at+jwt", "application/at+jwt"):
             raise AuthError(401, f"not an access token (typ {header.get('typ')!r})")
-        try:
-            key = await asyncio.to_thread(self.jwks.get_signing_key_from_jwt, token)
-        except jwt.PyJWKClientConnectionError as exc:
-            raise AuthError(503, f"cannot fetch the issuer's keys: {exc}") from exc
-        except Exception as exc:
-            raise AuthError(401, f"no signing key for this token: {type(exc).__name__}") from exc
+        key = await self.keys.key(header["kid"])
         # a key that names its algorithm is used with that algorithm only
         published = (getattr(key, "_jwk_data", None) or {}).get("alg")  # PyJWK keeps the JWK it was built from
         algorithms = [published] if published in self.algorithms else self.algorithms

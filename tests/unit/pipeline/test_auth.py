@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -14,7 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from pipeline.auth import AuthError, NoAuth, OidcAuth, authorize
+from pipeline.auth import AuthError, KeyStore, NoAuth, OidcAuth, authorize
 
 ISSUER = "http://127.0.0.1/realms/fleet"
 AUDIENCE = "fleetmedic"
@@ -87,7 +88,7 @@ async def test_missing_or_malformed_tokens_are_401(jwks: str, header: str | None
 @pytest.mark.parametrize("make, reason", [
     (lambda: token(["operator"], exp_in=-60), "expired"),
     (lambda: token(["operator"], key=OTHER), "invalid token"),  # right kid, wrong key: bad signature
-    (lambda: token(["operator"], key=OTHER, kid="k2"), "no signing key"),
+    (lambda: token(["operator"], key=OTHER, kid="k2"), "unknown signing key"),
     (lambda: token(["operator"], aud="another-app"), "audience"),
     (lambda: token(["operator"], iss="http://127.0.0.1/realms/other"), "issuer"),
     (lambda: token(["operator"], nbf=int(time.time()) + 600), "not yet valid"),
@@ -119,3 +120,79 @@ def test_keycloak_default_jwks_url_and_required_fields() -> None:
     assert a.jwks_url == "https://kc.example/realms/gpu/protocol/openid-connect/certs"
     with pytest.raises(ValueError, match="audience"):
         OidcAuth(issuer=ISSUER, audience="")
+
+
+# ------------------------------------------------------------------ the key store
+
+
+class _Issuer:
+    """An identity provider's JWKS endpoint as the key store sees it: a document, its
+    max-age, how long an answer takes, and a count of the fetches."""
+
+    def __init__(self, keys: dict[str, Any], max_age: float | None = 300.0, delay: float = 0.0) -> None:
+        self.keys, self.max_age, self.delay, self.calls = keys, max_age, delay, 0
+
+    async def __call__(self, url: str, timeout: float) -> tuple[dict[str, Any], float | None]:
+        self.calls += 1
+        await asyncio.sleep(self.delay)
+        return {"keys": [{**jwk, "kid": kid} for kid, jwk in self.keys.items()]}, self.max_age
+
+
+def _jwk(key: Any) -> dict[str, Any]:
+    return {**json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key())), "use": "sig", "alg": "RS256"}
+
+
+@pytest.mark.asyncio
+async def test_a_key_removed_from_the_jwks_is_refused_after_the_next_refresh() -> None:
+    now = [0.0]
+    issuer = _Issuer({"k1": _jwk(KEY), "k2": _jwk(OTHER)}, max_age=60)
+    store = KeyStore("u", fetch=issuer, clock=lambda: now[0])
+    assert (await store.key("k2")).key_id == "k2"
+    issuer.keys.pop("k2")
+    now[0] = 61.0  # stale: the next request is served from memory and refreshes behind it
+    assert (await store.key("k2")).key_id == "k2"
+    await asyncio.sleep(0)
+    await store._inflight
+    with pytest.raises(AuthError) as e:
+        await store.key("k2")
+    assert e.value.status == 401 and issuer.calls == 2
+
+
+@pytest.mark.asyncio
+async def test_keys_live_as_the_cache_headers_say_but_never_longer_than_ten_minutes() -> None:
+    now = [0.0]
+    store = KeyStore("u", fetch=_Issuer({"k1": _jwk(KEY)}, max_age=86400), clock=lambda: now[0])
+    await store.key("k1")
+    assert store.fresh_until == 600.0
+    store2 = KeyStore("u", fetch=_Issuer({"k1": _jwk(KEY)}, max_age=None), clock=lambda: now[0])
+    await store2.key("k1")
+    assert store2.fresh_until == 600.0
+
+
+@pytest.mark.asyncio
+async def test_a_slow_issuer_never_delays_a_request_whose_key_is_known_and_unknown_kids_cannot_queue() -> None:
+    now = [0.0]
+    issuer = _Issuer({"k1": _jwk(KEY)}, max_age=60)
+    store = KeyStore("u", fetch=issuer, clock=lambda: now[0], timeout_s=3.0)
+    await store.key("k1")
+    issuer.delay = 2.5
+    now[0] = 61.0
+    t0 = time.monotonic()
+    await store.key("k1")  # stale: refreshed behind, answered at once
+    assert time.monotonic() - t0 < 0.5
+    await store._inflight
+    # twelve made-up kids at once: one refetch at most, the rest refused without waiting
+    now[0] = 62.0
+    issuer.delay = 0.0
+    calls = issuer.calls
+    results = await asyncio.gather(*(store.key(f"made-up-{i}") for i in range(12)), return_exceptions=True)
+    assert all(isinstance(r, AuthError) and r.status == 401 for r in results)
+    assert issuer.calls - calls <= 1
+
+
+@pytest.mark.asyncio
+async def test_fetches_are_single_flight() -> None:
+    issuer = _Issuer({"k1": _jwk(KEY)}, delay=0.2)
+    store = KeyStore("u", fetch=issuer)
+    keys = await asyncio.gather(*(store.key("k1") for _ in range(20)))
+    assert {k.key_id for k in keys} == {"k1"} and issuer.calls == 1
