@@ -36,6 +36,7 @@ import faust
 from schemas import ActionName, FaultClass, NodeNotice, PlannedAction, Verdict
 
 from .auth import AuthError, NoAuth, OidcAuth, authorize
+from .gate import SECURITY_HEADERS
 
 API = "/api/v1"
 DASHBOARD = Path(__file__).parent / "web" / "dashboard.html"
@@ -59,6 +60,10 @@ class ApiContext:
     #: one queue per open event stream (the dashboard's Server-Sent Events)
     streams: set[asyncio.Queue] = field(default_factory=set)
     stream_queue: int = 2000
+    #: open event streams allowed in all, and per client (its token's subject, else its address)
+    max_streams: int = 64
+    max_streams_per_client: int = 4
+    stream_clients: dict[str, int] = field(default_factory=dict)
     #: nodes that sent telemetry to this worker (healthy unless the node table says otherwise)
     known: set[str] = field(default_factory=set)
 
@@ -170,16 +175,26 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
         async def get(self, request: Any, who: Any) -> Any:
             from aiohttp import web
 
+            client = who.subject if who.authenticated else f"addr:{request.remote}"
+            if len(ctx.streams) >= ctx.max_streams or ctx.stream_clients.get(client, 0) >= ctx.max_streams_per_client:
+                return self.json({"error": "too many open event streams"}, status=503, headers={"Retry-After": "10"})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                               "X-Accel-Buffering": "no"})
+                                               "X-Accel-Buffering": "no", **SECURITY_HEADERS})
+            resp.force_close()  # a stream that ends closes its connection
             await resp.prepare(request)
             q: asyncio.Queue = asyncio.Queue(ctx.stream_queue)
             ctx.streams.add(q)
+            ctx.stream_clients[client] = ctx.stream_clients.get(client, 0) + 1
             try:
                 await resp.write(b"retry: 2000\nevent: hello\ndata: {}\n\n")
                 while True:
+                    left = who.expires_at - time.time() if who.expires_at is not None else 15.0
+                    if left <= 0:
+                        # the token expired: the page must sign in again to keep streaming
+                        await resp.write(b"event: expired\ndata: {}\n\n")
+                        break
                     try:
-                        item = await asyncio.wait_for(q.get(), timeout=15.0)
+                        item = await asyncio.wait_for(q.get(), timeout=min(15.0, left))
                     except asyncio.TimeoutError:
                         await resp.write(b": keep-alive\n\n")
                         continue
@@ -191,6 +206,9 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
                 pass  # the client went away
             finally:
                 ctx.streams.discard(q)
+                ctx.stream_clients[client] -= 1
+                if ctx.stream_clients[client] <= 0:
+                    del ctx.stream_clients[client]
             return resp
 
     @page(f"{API}/switches")

@@ -43,6 +43,8 @@ class Principal:
     subject: str
     roles: frozenset[str]
     authenticated: bool = True
+    #: when the token stops being good (Unix seconds); None without sign-in
+    expires_at: float | None = None
 
     def allows(self, need: Role) -> bool:
         return "operator" in self.roles or (need == "viewer" and "viewer" in self.roles)
@@ -217,7 +219,7 @@ class OidcAuth:
         raw = _claim(claims, self.roles_claim)
         names = raw if isinstance(raw, list) else []
         roles = frozenset(self.role_map[r] for r in names if isinstance(r, str) and r in self.role_map)
-        return Principal(str(claims["sub"]), roles)
+        return Principal(str(claims["sub"]), roles, expires_at=float(claims["exp"]))
 
 
 async def authorize(auth: NoAuth | OidcAuth, authorization: str | None, need: Role) -> Principal:

@@ -268,3 +268,52 @@ def test_fuzz_ten_thousand_requests_without_credentials_or_with_a_viewer_change_
     for w in (on, off):
         vs = collect(w.settings.kafka.bootstrap, w.topic("verdicts"), lambda rs: False, timeout=3)
         assert not [v for v in vs if v["id"].startswith("op-") and v["ts"] >= since], "a fuzzed request acted"
+
+
+def _open_stream(port: int, tok: str | None) -> tuple[int, Any]:
+    """Open the event stream; (status, the open connection or None)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    auth = f"Authorization: Bearer {tok}\r\n" if tok else ""
+    s.sendall(f"GET /api/v1/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{auth}\r\n".encode())
+    head = s.recv(4096)
+    status = int(head.split(b" ", 2)[1])
+    if status != 200:
+        s.close()
+        return status, None
+    return status, s
+
+
+def test_6_an_open_stream_ends_when_its_token_expires(workers):
+    port = _port(workers["on"])
+    now = time.time()
+    short = jwt.encode({"sub": "brief", "iss": ISSUER, "aud": AUDIENCE, "iat": int(now), "exp": int(now + 4),
+                        "realm_access": {"roles": ["viewer"]}}, KEY, algorithm="RS256", headers={"kid": "sec-key"})
+    status, s = _open_stream(port, short)
+    assert status == 200
+    got = b""
+    try:
+        while True:  # the worker ends the stream; the socket timeout (30 s) fails the test otherwise
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+    finally:
+        s.close()
+    assert b"event: expired" in got
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_6_event_streams_are_capped_per_client(workers, mode):
+    port = _port(workers[mode])
+    tok = token(["viewer"]) if mode == "on" else None
+    opened = []
+    try:
+        for _ in range(4):
+            status, s = _open_stream(port, tok)
+            assert status == 200
+            opened.append(s)
+        status, s = _open_stream(port, tok)
+        assert status == 503
+    finally:
+        for s in opened:
+            s.close()
