@@ -6,8 +6,9 @@
      "params": {...}, "ts": <unix seconds>}
 
 with the headers ``Idempotency-Key`` (the action's idempotency key) and, when a secret is
-configured, ``X-Fleetmedic-Signature: sha256=<hex HMAC-SHA256 of the body>`` so the
-receiver can check who sent it.
+configured, ``X-Fleetmedic-Signature: t=<Unix seconds>,sha256=<hex HMAC-SHA256 of
+"<t>." + body>`` so the receiver can check who sent it, and when (:func:`verify` refuses a
+signature older than 5 minutes: a captured request cannot be replayed later).
 
 A key delivered once is not delivered again by this notifier (``already_so``, nothing
 posted); receivers should still de-duplicate by ``Idempotency-Key`` since a restarted
@@ -37,15 +38,32 @@ SIGNATURE_HEADER = "X-Fleetmedic-Signature"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
-def sign(secret: str | bytes, body: bytes) -> str:
-    """The ``X-Fleetmedic-Signature`` value for ``body``: ``sha256=<hex>``."""
+#: how old a signature a receiver accepts by default (seconds): a captured request cannot be
+#: replayed later than this
+MAX_SIGNATURE_AGE_S = 300.0
+
+
+def sign(secret: str | bytes, body: bytes, ts: float | None = None) -> str:
+    """The ``X-Fleetmedic-Signature`` value for ``body`` sent at ``ts`` (default now):
+    ``t=<Unix seconds>,sha256=<hex HMAC-SHA256 of "<t>." + body>``."""
     key = secret.encode() if isinstance(secret, str) else secret
-    return "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
+    t = str(int(time.time() if ts is None else ts))
+    return f"t={t},sha256=" + hmac.new(key, t.encode() + b"." + body, hashlib.sha256).hexdigest()
 
 
-def verify(secret: str | bytes, body: bytes, signature: str) -> bool:
-    """Whether ``signature`` is the right ``X-Fleetmedic-Signature`` for ``body``."""
-    return hmac.compare_digest(sign(secret, body), signature)
+def verify(secret: str | bytes, body: bytes, signature: str | None, *, now: float | None = None,
+           max_age_s: float = MAX_SIGNATURE_AGE_S) -> bool:
+    """Whether ``signature`` is a right ``X-Fleetmedic-Signature`` for ``body``, made within
+    ``max_age_s`` of ``now``.  A malformed header (missing parts, not ASCII) is False."""
+    if not isinstance(signature, str) or not signature.isascii():
+        return False
+    parts = dict(p.split("=", 1) for p in signature.split(",") if "=" in p)
+    t, mac = parts.get("t", ""), parts.get("sha256")
+    if not t.isdigit() or mac is None:
+        return False
+    if abs((time.time() if now is None else now) - int(t)) > max_age_s:
+        return False
+    return hmac.compare_digest(sign(secret, body, int(t)), signature)
 
 
 def remember(seen: OrderedDict[str, None], key: str, limit: int) -> None:

@@ -200,6 +200,11 @@ class ActuatorSettings(_Section):
     kube_diag_command: list[str] = Field(["dcgmi", "diag", "-r", "2"], min_length=1)
     kube_taint_key: str = Field("fleetmedic.dev/quarantine", min_length=1, description="key of the quarantine taint")
     webhook_url: str | None = Field(None, description="alerts (escalations, held isolations) go here")
+
+    @field_validator("webhook_url", "sim_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        return None if v is None else _check_url(v)
     webhook_secret: str | None = None
     max_attempts: int = Field(6, ge=1, le=100)
     base_delay_s: float = Field(0.2, ge=0)
@@ -211,6 +216,11 @@ class WebhookSettings(_Section):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="names the receiver on action records")
     url: str = Field(pattern=r"^https?://", description="where verdicts are POSTed")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        return _check_url(v)
     format: Literal["alertmanager", "cloudevents"] = Field(
         "alertmanager", description="alertmanager: Alertmanager's webhook JSON; cloudevents: CloudEvents 1.0 JSON")
     secret: str | None = Field(None, description="HMAC-SHA256 key of the X-Fleetmedic-Signature header")
@@ -306,6 +316,24 @@ class Settings(_Section):
 
     def topic(self, name: str) -> str:
         return f"{self.kafka.topic_prefix}{name}"
+
+
+def _check_url(v: str) -> str:
+    """An http(s) URL with a host, no credentials in it, no spaces."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(v)
+        u.port  # noqa: B018 (raises on a bad port)
+    except ValueError as exc:
+        raise ValueError(f"not a URL: {exc}") from None
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError("expected an http:// or https:// URL with a host")
+    if u.username or u.password:
+        raise ValueError("credentials do not belong in the URL (use the secret)")
+    if any(c.isspace() for c in v):
+        raise ValueError("a URL has no spaces")
+    return v
 
 
 class ConfigError(SystemExit):

@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from actuators.base import ActionRequest, Backend, PermanentError, TemporaryError
 from actuators.retry import RetryPolicy, call_with_retry
-from actuators.webhook import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, WebhookNotifier, verify
+from actuators.webhook import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, WebhookNotifier, sign, verify
 from schemas import ActionName, Outcome
 
 pytestmark = pytest.mark.asyncio
@@ -215,3 +215,20 @@ async def test_remember_keeps_the_newest_keys_and_forgets_the_oldest() -> None:
     remember(seen, "a", 3)  # seen again: now the newest
     remember(seen, "d", 3)
     assert list(seen) == ["c", "a", "d"]
+
+
+def test_a_signature_carries_its_time_and_a_replay_later_is_refused() -> None:
+    body = b'{"verdict": "x"}'
+    sig = sign(SECRET, body, ts=1_700_000_000)
+    assert sig.startswith("t=1700000000,sha256=")
+    assert verify(SECRET, body, sig, now=1_700_000_100)
+    assert not verify(SECRET, body, sig, now=1_700_000_000 + 301)  # replayed six minutes later
+    assert not verify(SECRET, body + b" ", sig, now=1_700_000_100)
+    # the time is signed too: moving it forward breaks the signature
+    assert not verify(SECRET, body, sig.replace("t=1700000000", "t=1700000200"), now=1_700_000_200)
+
+
+def test_malformed_signatures_are_refused_not_raised() -> None:
+    body = b"{}"
+    for bad in ("", "sha256=abc", "t=x,sha256=abc", "t=1,sha256=é", "ünïcode", None, "t=1", ",,,"):
+        assert verify(SECRET, body, bad) is False  # type: ignore[arg-type]

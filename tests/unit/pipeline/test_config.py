@@ -101,3 +101,21 @@ def test_alert_settings_refuse_an_unknown_fault_class_and_twin_receivers(tmp_pat
         load_settings(path, environ={})
     path.write_text('[alerts]\nexclude_classes = ["user_error"]\n')
     assert load_settings(path, environ={}).alerts.exclude_classes == ["user_error"]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("FLEETMEDIC_ACTUATORS__WEBHOOK_URL", "ftp://alerts.example/hook"),
+    ("FLEETMEDIC_ACTUATORS__WEBHOOK_URL", "https://user:pw@alerts.example/hook"),
+    ("FLEETMEDIC_ACTUATORS__WEBHOOK_URL", "https:///nohost"),
+    ("FLEETMEDIC_ACTUATORS__WEBHOOK_URL", "https://alerts.example:99999/"),
+    ("FLEETMEDIC_ACTUATORS__SIM_URL", "not a url"),
+])
+def test_a_bad_webhook_url_fails_at_start_naming_the_field(field, value) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_settings(environ={field: value})
+    assert field.split("__")[1].lower() in str(e.value)
+
+
+def test_allowed_hosts_from_the_environment_are_comma_separated() -> None:
+    s = load_settings(environ={"FLEETMEDIC_WORKER__ALLOWED_HOSTS": "svc.fleetmedic, ingress.example"})
+    assert s.worker.allowed_hosts == ["svc.fleetmedic", "ingress.example"]
