@@ -16,7 +16,8 @@ the other receivers:
   ``Content-Type: application/cloudevents+json``.
 
 Every body is signed when the receiver has a secret: ``X-Fleetmedic-Signature:
-sha256=<hex HMAC-SHA256 of the body>`` (see :func:`actuators.webhook.verify`), and
+t=<Unix seconds>,sha256=<hex HMAC-SHA256 of "<t>." + body>`` (see
+:func:`actuators.webhook.verify`, which refuses a signature older than 5 minutes), and
 carries ``Idempotency-Key: <verdict id>``.  A verdict is delivered once per receiver:
 the dispatcher remembers delivered verdict ids (bounded), and a retry of one delivery
 re-sends the same body.  Temporary failures (timeouts, refused connections, 408, 429,
