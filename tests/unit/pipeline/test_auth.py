@@ -196,3 +196,22 @@ async def test_fetches_are_single_flight() -> None:
     store = KeyStore("u", fetch=issuer)
     keys = await asyncio.gather(*(store.key("k1") for _ in range(20)))
     assert {k.key_id for k in keys} == {"k1"} and issuer.calls == 1
+
+
+@pytest.mark.asyncio
+async def test_a_token_issued_to_another_client_or_in_another_algorithm_is_refused(jwks: str) -> None:
+    a = OidcAuth(issuer=ISSUER, audience=AUDIENCE, jwks_url=jwks, leeway_s=0, client_id="fleetmedic")
+    assert (await authorize(a, f"Bearer {token(['viewer'], azp='fleetmedic')}", "viewer")).subject == "alice"
+    with pytest.raises(AuthError) as e:
+        await authorize(a, f"Bearer {token(['viewer'], azp='grafana')}", "viewer")
+    assert e.value.status == 401 and "azp" in e.value.reason
+    # the JWK publishes RS256: the same key signing PS256 is refused
+    now = time.time()
+    ps = jwt.encode({"sub": "alice", "iss": ISSUER, "aud": AUDIENCE, "exp": int(now + 60),
+                     "realm_access": {"roles": ["viewer"]}}, KEY, algorithm="PS256", headers={"kid": "k1"})
+    with pytest.raises(AuthError):
+        await authorize(a, f"Bearer {ps}", "viewer")
+    # an ID token (Keycloak's typ claim) does not sign in
+    with pytest.raises(AuthError) as e:
+        await authorize(a, f"Bearer {token(['viewer'], typ='ID')}", "viewer")
+    assert "ID token" in e.value.reason
