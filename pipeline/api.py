@@ -187,16 +187,23 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
             ctx.stream_clients[client] = ctx.stream_clients.get(client, 0) + 1
             try:
                 await resp.write(b"retry: 2000\nevent: hello\ndata: {}\n\n")
+                quiet = 0.0
                 while True:
                     left = who.expires_at - time.time() if who.expires_at is not None else 15.0
                     if left <= 0:
                         # the token expired: the page must sign in again to keep streaming
                         await resp.write(b"event: expired\ndata: {}\n\n")
                         break
+                    if request.transport is None or request.transport.is_closing():
+                        break  # the client went away: its place is free at once
                     try:
-                        item = await asyncio.wait_for(q.get(), timeout=min(15.0, left))
+                        item = await asyncio.wait_for(q.get(), timeout=min(2.0, left))
+                        quiet = 0.0
                     except asyncio.TimeoutError:
-                        await resp.write(b": keep-alive\n\n")
+                        quiet += 2.0
+                        if quiet >= 15.0:
+                            quiet = 0.0
+                            await resp.write(b": keep-alive\n\n")
                         continue
                     if getattr(q, "overflow", False):
                         break  # this client fell behind: it reconnects and reloads the fleet

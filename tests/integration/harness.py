@@ -49,6 +49,41 @@ class BackgroundLoop:
         self.thread.join(5)
 
 
+class JwksServer:
+    """An identity provider's key endpoint on loopback (``GET /certs``), served by ``certs``
+    (an aiohttp handler) in a background loop."""
+
+    def __init__(self, certs: Callable[[Any], Any]) -> None:
+        from aiohttp import web
+
+        self.bg = BackgroundLoop()
+        self.port = free_port()
+
+        async def start() -> Any:
+            app = web.Application()
+            app.router.add_get("/certs", certs)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", self.port).start()
+            return runner
+
+        self.runner = self.bg.run(start())
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/certs"
+
+    def close(self) -> None:
+        self.bg.run(self.runner.cleanup())
+        self.bg.stop()
+
+
+def auth_env(issuer: str, audience: str, jwks_url: str, **extra: str) -> dict[str, str]:
+    """A worker's environment with sign-in on against ``jwks_url``."""
+    return {"FLEETMEDIC_AUTH__ENABLED": "true", "FLEETMEDIC_AUTH__ISSUER": issuer,
+            "FLEETMEDIC_AUTH__AUDIENCE": audience, "FLEETMEDIC_AUTH__JWKS_URL": jwks_url, **extra}
+
+
 class ClusterAPI:
     """The simulator's cluster API on loopback, over a cluster the test populates."""
 

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from .harness import BackgroundLoop, ClusterAPI, Worker, collect, free_port, lose_gpus
+from .harness import ClusterAPI, JwksServer, Worker, auth_env, collect, lose_gpus
 
 pytestmark = pytest.mark.integration
 
@@ -46,27 +46,16 @@ TOKENS = {
 def setup(kafka_bootstrap):
     from pipeline.config import load_settings
 
-    bg = BackgroundLoop()
-    port = free_port()
     pub = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(KEY.public_key()))
 
     async def certs(request: web.Request) -> web.Response:
         return web.json_response({"keys": [{**pub, "kid": "it-key", "use": "sig", "alg": "RS256"}]})
 
-    async def start() -> web.AppRunner:
-        app = web.Application()
-        app.router.add_get("/certs", certs)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        return runner
-
-    runner = bg.run(start())
+    jwks = JwksServer(certs)
     api = ClusterAPI(load_settings(environ={}))
-    worker = Worker(kafka_bootstrap, sim_url=api.url, env={
-        "FLEETMEDIC_AUTH__ENABLED": "true", "FLEETMEDIC_AUTH__ISSUER": ISSUER, "FLEETMEDIC_AUTH__AUDIENCE": AUDIENCE,
-        "FLEETMEDIC_AUTH__JWKS_URL": f"http://127.0.0.1:{port}/certs", "FLEETMEDIC_AUTH__LEEWAY_S": "0",
-        "FLEETMEDIC_SAFETY__FLEET_SIZE": "40", "FLEETMEDIC_SAFETY__MAX_ABSOLUTE": "1"})
+    worker = Worker(kafka_bootstrap, sim_url=api.url, env=auth_env(
+        ISSUER, AUDIENCE, jwks.url, FLEETMEDIC_AUTH__LEEWAY_S="0", FLEETMEDIC_SAFETY__FLEET_SIZE="40",
+        FLEETMEDIC_SAFETY__MAX_ABSOLUTE="1"))
     worker.start()
     nodes = ["op-0", "op-1", "op-2"]
     api.add_nodes(nodes)
@@ -77,8 +66,7 @@ def setup(kafka_bootstrap):
     yield kafka_bootstrap, worker, api, nodes
     worker.stop()
     api.close()
-    bg.run(runner.cleanup())
-    bg.stop()
+    jwks.close()
 
 
 def call(worker: Worker, method: str, path: str, token: str | None, body: Any = None) -> tuple[int, Any]:
@@ -192,7 +180,13 @@ def _stream_first_event(worker: Worker, token: str | None, *, query: bool = Fals
         req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=15) as r:
-            return r.status, r.read(40)
+            first = b""
+            while b"\n\n" not in first:  # the first event, however the server chunks it
+                line = r.readline()
+                if not line:
+                    break
+                first += line
+            return r.status, first
     except urllib.error.HTTPError as e:
         return e.code, e.read()
 

@@ -21,8 +21,7 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.integration.harness import BackgroundLoop, ClusterAPI, Worker, collect
-from tests.integration.harness import free_port
+from tests.integration.harness import ClusterAPI, JwksServer, Worker, auth_env, collect
 
 pytestmark = pytest.mark.integration
 
@@ -32,9 +31,9 @@ KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
 def token(roles: list[str], *, alg: str = "RS256", kid: Any = "sec-key", typ: str = "Bearer",
-          header: dict[str, Any] | None = None) -> str:
+          header: dict[str, Any] | None = None, sub: str = "u") -> str:
     now = time.time()
-    claims = {"sub": "u", "iss": ISSUER, "aud": AUDIENCE, "iat": int(now), "exp": int(now + 6 * 3600), "typ": typ,
+    claims = {"sub": sub, "iss": ISSUER, "aud": AUDIENCE, "iat": int(now), "exp": int(now + 6 * 3600), "typ": typ,
               "realm_access": {"roles": roles}}
     return jwt.encode(claims, KEY, algorithm=alg, headers={"kid": kid, **(header or {})})
 
@@ -72,26 +71,15 @@ def workers(kafka_bootstrap):
     """Two workers on one broker: sign-in on (a local JWKS) and sign-in off."""
     from pipeline.config import load_settings
 
-    bg = BackgroundLoop()
-    port = free_port()
     pub = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(KEY.public_key()))
 
     async def certs(request: web.Request) -> web.Response:
         return web.json_response({"keys": [{**pub, "kid": "sec-key", "use": "sig", "alg": "RS256"}]})
 
-    async def start() -> web.AppRunner:
-        app = web.Application()
-        app.router.add_get("/certs", certs)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        return runner
-
-    runner = bg.run(start())
+    jwks = JwksServer(certs)
     api = ClusterAPI(load_settings(environ={}))
-    on = Worker(kafka_bootstrap, sim_url=api.url, env={
-        "FLEETMEDIC_AUTH__ENABLED": "true", "FLEETMEDIC_AUTH__ISSUER": ISSUER, "FLEETMEDIC_AUTH__AUDIENCE": AUDIENCE,
-        "FLEETMEDIC_AUTH__JWKS_URL": f"http://127.0.0.1:{port}/certs", "FLEETMEDIC_AUTH__LEEWAY_S": "0"})
+    on = Worker(kafka_bootstrap, sim_url=api.url,
+                env=auth_env(ISSUER, AUDIENCE, jwks.url, FLEETMEDIC_AUTH__LEEWAY_S="0"))
     off = Worker(kafka_bootstrap, sim_url=api.url, env={})
     on.start()
     off.start()
@@ -99,8 +87,7 @@ def workers(kafka_bootstrap):
     on.stop()
     off.stop()
     api.close()
-    bg.run(runner.cleanup())
-    bg.stop()
+    jwks.close()
 
 
 def _port(w: Worker) -> int:
@@ -210,6 +197,55 @@ def test_10_an_id_token_or_a_token_in_another_algorithm_does_not_sign_in(workers
     assert request(port, "GET", "/api/v1/nodes", tok=token(["viewer"], alg="PS256"))[0] == 401
 
 
+def _open_stream(port: int, tok: str | None) -> tuple[int, Any]:
+    """Open the event stream; (status, the open connection or None)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    auth = f"Authorization: Bearer {tok}\r\n" if tok else ""
+    s.sendall(f"GET /api/v1/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{auth}\r\n".encode())
+    head = s.recv(4096)
+    status = int(head.split(b" ", 2)[1])
+    if status != 200:
+        s.close()
+        return status, None
+    return status, s
+
+
+def test_6_an_open_stream_ends_when_its_token_expires(workers):
+    port = _port(workers["on"])
+    now = time.time()
+    short = jwt.encode({"sub": "brief", "iss": ISSUER, "aud": AUDIENCE, "iat": int(now), "exp": int(now + 4),
+                        "realm_access": {"roles": ["viewer"]}}, KEY, algorithm="RS256", headers={"kid": "sec-key"})
+    status, s = _open_stream(port, short)
+    assert status == 200
+    got = b""
+    try:
+        while True:  # the worker ends the stream; the socket timeout (30 s) fails the test otherwise
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+    finally:
+        s.close()
+    assert b"event: expired" in got
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_6_event_streams_are_capped_per_client(workers, mode):
+    port = _port(workers[mode])
+    tok = token(["viewer"], sub="stream-cap") if mode == "on" else None
+    opened = []
+    try:
+        for _ in range(4):
+            status, s = _open_stream(port, tok)
+            assert status == 200
+            opened.append(s)
+        status, s = _open_stream(port, tok)
+        assert status == 503
+    finally:
+        for s in opened:
+            s.close()
+
+
 def test_fuzz_ten_thousand_requests_without_credentials_or_with_a_viewer_change_nothing(workers):
     """Random and malformed requests over every route: no 500, no verdict from any of them."""
     on, off = workers["on"], workers["off"]
@@ -268,52 +304,3 @@ def test_fuzz_ten_thousand_requests_without_credentials_or_with_a_viewer_change_
     for w in (on, off):
         vs = collect(w.settings.kafka.bootstrap, w.topic("verdicts"), lambda rs: False, timeout=3)
         assert not [v for v in vs if v["id"].startswith("op-") and v["ts"] >= since], "a fuzzed request acted"
-
-
-def _open_stream(port: int, tok: str | None) -> tuple[int, Any]:
-    """Open the event stream; (status, the open connection or None)."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=30)
-    auth = f"Authorization: Bearer {tok}\r\n" if tok else ""
-    s.sendall(f"GET /api/v1/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{auth}\r\n".encode())
-    head = s.recv(4096)
-    status = int(head.split(b" ", 2)[1])
-    if status != 200:
-        s.close()
-        return status, None
-    return status, s
-
-
-def test_6_an_open_stream_ends_when_its_token_expires(workers):
-    port = _port(workers["on"])
-    now = time.time()
-    short = jwt.encode({"sub": "brief", "iss": ISSUER, "aud": AUDIENCE, "iat": int(now), "exp": int(now + 4),
-                        "realm_access": {"roles": ["viewer"]}}, KEY, algorithm="RS256", headers={"kid": "sec-key"})
-    status, s = _open_stream(port, short)
-    assert status == 200
-    got = b""
-    try:
-        while True:  # the worker ends the stream; the socket timeout (30 s) fails the test otherwise
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            got += chunk
-    finally:
-        s.close()
-    assert b"event: expired" in got
-
-
-@pytest.mark.parametrize("mode", ["on", "off"])
-def test_6_event_streams_are_capped_per_client(workers, mode):
-    port = _port(workers[mode])
-    tok = token(["viewer"]) if mode == "on" else None
-    opened = []
-    try:
-        for _ in range(4):
-            status, s = _open_stream(port, tok)
-            assert status == 200
-            opened.append(s)
-        status, s = _open_stream(port, tok)
-        assert status == 503
-    finally:
-        for s in opened:
-            s.close()

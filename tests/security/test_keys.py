@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.integration.harness import BackgroundLoop, ClusterAPI, Worker, free_port
+from tests.integration.harness import ClusterAPI, JwksServer, Worker, auth_env
 
 pytestmark = pytest.mark.integration
 
@@ -63,28 +63,14 @@ def setup(kafka_bootstrap):
     from pipeline.config import load_settings
 
     issuer = Issuer()
-    bg = BackgroundLoop()
-    port = free_port()
-
-    async def start() -> web.AppRunner:
-        app = web.Application()
-        app.router.add_get("/certs", issuer.certs)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        return runner
-
-    runner = bg.run(start())
+    jwks = JwksServer(issuer.certs)
     api = ClusterAPI(load_settings(environ={}))
-    worker = Worker(kafka_bootstrap, sim_url=api.url, env={
-        "FLEETMEDIC_AUTH__ENABLED": "true", "FLEETMEDIC_AUTH__ISSUER": ISSUER, "FLEETMEDIC_AUTH__AUDIENCE": AUDIENCE,
-        "FLEETMEDIC_AUTH__JWKS_URL": f"http://127.0.0.1:{port}/certs"}).start()
+    worker = Worker(kafka_bootstrap, sim_url=api.url, env=auth_env(ISSUER, AUDIENCE, jwks.url)).start()
     yield worker, issuer
     issuer.open.set()
     worker.stop()
     api.close()
-    bg.run(runner.cleanup())
-    bg.stop()
+    jwks.close()
 
 
 def test_4_a_key_removed_from_the_jwks_is_refused_after_the_next_refresh(setup):

@@ -217,7 +217,7 @@ async def test_remember_keeps_the_newest_keys_and_forgets_the_oldest() -> None:
     assert list(seen) == ["c", "a", "d"]
 
 
-def test_a_signature_carries_its_time_and_a_replay_later_is_refused() -> None:
+async def test_a_signature_carries_its_time_and_a_replay_later_is_refused() -> None:
     body = b'{"verdict": "x"}'
     sig = sign(SECRET, body, ts=1_700_000_000)
     assert sig.startswith("t=1700000000,sha256=")
@@ -228,7 +228,7 @@ def test_a_signature_carries_its_time_and_a_replay_later_is_refused() -> None:
     assert not verify(SECRET, body, sig.replace("t=1700000000", "t=1700000200"), now=1_700_000_200)
 
 
-def test_malformed_signatures_are_refused_not_raised() -> None:
+async def test_malformed_signatures_are_refused_not_raised() -> None:
     body = b"{}"
     for bad in ("", "sha256=abc", "t=x,sha256=abc", "t=1,sha256=é", "ünïcode", None, "t=1", ",,,"):
         assert verify(SECRET, body, bad) is False  # type: ignore[arg-type]
