@@ -305,7 +305,8 @@ class XidDetector(Detector):
         return np.where(self._kept(codes), _SEVERITY_RANK[_row_index(codes)], 0.0)
 
     def detect(self, codes: np.ndarray, rows: np.ndarray, gpus: np.ndarray,
-               details: Sequence[str | None] | None = None) -> list[Finding]:
+               details: Sequence[str | None] | None = None,
+               counts: Sequence[int | None] | None = None) -> list[Finding]:
         """Findings for a batch of Xid events.
 
         Parameters
@@ -316,6 +317,8 @@ class XidDetector(Detector):
             not tied to one GPU (reported as ``gpu=None``).
         details: ``k`` strings or None: the driver's text after the code, when a
             kernel log supplied it (it decides 144-150 and 154).
+        counts: ``k`` ints or None: occurrences an event stands for (a windowed count),
+            reported as ``evidence["count"]`` when above 1.
         """
         codes = self._codes(codes)
         rows = as_array("rows", rows, 1, "(k,)", "i")
@@ -340,6 +343,9 @@ class XidDetector(Detector):
             }
             if detail:
                 evidence["detail"] = detail[:300]
+            count = counts[i] if counts is not None else None
+            if count is not None and count > 1:
+                evidence["count"] = int(count)
             findings.append(Finding(
                 kind="xid", fault_class=res.fault_class, severity=res.severity,
                 score=float(SEVERITIES.index(res.severity) + 1), index=int(rows[i]),

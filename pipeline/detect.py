@@ -401,7 +401,8 @@ class GpuDetection:
         xids = [(k, x) for k, s in enumerate(ss) for x in s.xids]
         if xids:
             arr = np.array([(k, -1 if x.gpu is None else x.gpu, x.code) for k, x in xids], dtype=np.int64)
-            for fd in self.xid.detect(arr[:, 2], arr[:, 0], arr[:, 1], [x.detail for _, x in xids]):
+            for fd in self.xid.detect(arr[:, 2], arr[:, 0], arr[:, 1], [x.detail for _, x in xids],
+                                      [x.count for _, x in xids]):
                 s = ss[fd.index]
                 if self.cooldown.allow((s.node, fd.gpu, fd.kind, fd.evidence.get("xid")), s.ts):
                     out.append(_anomaly("xid", s.node, fd, s.ts))

@@ -242,7 +242,8 @@ def _node_on_xid(h: dict[str, Any], node: str, a: Anomaly, cfg: PolicySettings) 
     who = job or (f"pid:{ev['pid']}" if ev.get("pid") is not None else None)
     lo = a.ts - cfg.xid_window_s
     kept = [x for x in h.get("xids") or [] if x[0] >= lo]
-    h["xids"] = (kept + [[a.ts, a.gpu, code, who, a.detector]])[-4 * MAX_KEPT:]
+    times = max(1, min(int(ev.get("count") or 1), 16))  # a windowed count stands for several events
+    h["xids"] = (kept + [[a.ts, a.gpu, code, who, a.detector]] * times)[-4 * MAX_KEPT:]
     if h["state"] in OUT_OF_POOL:
         return Decision()
     same = [x for x in h["xids"] if x[1] == a.gpu and x[2] == code and x[4] == a.detector]

@@ -148,6 +148,8 @@ class XidEvent(BaseModel):
     pci_bus_id: PciBusId | None = None
     source: Literal["nvml", "kernel", "dcgm", "sim"] | None = Field(
         None, description="who reported it: NVML's event API, the kernel log, dcgm-exporter, the simulator")
+    count: int | None = Field(None, ge=1, le=1_000_000,
+                              description="occurrences this event stands for (dcgm-exporter's windowed Xid count)")
 
 
 class SxidEvent(BaseModel):

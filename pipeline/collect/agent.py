@@ -202,7 +202,7 @@ class Agent:
             parser = self._dcgm_parsers.setdefault(url, DcgmExporterParser())
             try:
                 text = await scrape(url)
-                records = parser.parse(text, ts=self.clock())
+                records = parser.parse(text, ts=self.clock(), fallback_node=self._dcgm_fallback(url))
             except Exception as exc:
                 self.stats.errors["dcgm"] += 1
                 log.warning("dcgm-exporter %s: %s", url, exc)
@@ -212,6 +212,16 @@ class Agent:
                     self.stats.samples["dcgm"] += 1
                     out.append(rec)
         return out
+
+    def _dcgm_fallback(self, url: str) -> str | None:
+        """The node an exporter's lines belong to when they carry no host name (``--no-hostname``,
+        or a container's id): this node, for an exporter on this machine; else none."""
+        from urllib.parse import urlsplit
+
+        from ..gate import is_loopback
+
+        host = (urlsplit(url).hostname or "").lower()
+        return self.node if is_loopback(host) or host == self.node.lower() else None
 
     async def collect_once(self) -> list[tuple[str, dict[str, Any]]]:
         """One round of every source: (topic short name, record) pairs."""

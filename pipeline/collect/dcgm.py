@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, get_args, get_origin
 
@@ -82,6 +83,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import TypeAdapter, ValidationError
 
 from schemas.records import MAX_GPUS, GpuSample, NodeName, XidEvent
+
+from ..nvrm import normalize_pci
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,40 @@ _FP64_BLANK = 140737488355328.0
 _SENTINELS = frozenset(
     [_INT64_BLANK + k for k in range(4)] + [_INT32_BLANK + k for k in range(4)] + [_FP64_BLANK + k for k in range(4)]
 )
+
+
+def _blank(raw: float) -> bool:
+    """A DCGM blank: the sentinels, also when printed as a float (``9.223372036854776e+18``:
+    the int64 blanks round to 2**63 in a double)."""
+    return raw in _SENTINELS or (isinstance(raw, float) and math.isfinite(raw) and abs(raw - 2.0 ** 63) <= 2.0 ** 11)
+
+
+#: dcgm-exporter 1.x metric names (its etc/1.x-compatibility-metrics.csv) -> today's
+_V1_NAMES = {
+    "dcgm_sm_clock": "DCGM_FI_DEV_SM_CLOCK", "dcgm_memory_clock": "DCGM_FI_DEV_MEM_CLOCK",
+    "dcgm_gpu_temp": "DCGM_FI_DEV_GPU_TEMP", "dcgm_power_usage": "DCGM_FI_DEV_POWER_USAGE",
+    "dcgm_pcie_replay_counter": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "dcgm_gpu_utilization": "DCGM_FI_DEV_GPU_UTIL",
+    "dcgm_xid_errors": "DCGM_FI_DEV_XID_ERRORS", "dcgm_fb_used": "DCGM_FI_DEV_FB_USED",
+    "dcgm_ecc_sbe_volatile_total": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "dcgm_ecc_dbe_volatile_total": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "dcgm_ecc_sbe_aggregate_total": "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    "dcgm_ecc_dbe_aggregate_total": "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    "dcgm_retired_pages_sbe": "DCGM_FI_DEV_RETIRED_SBE", "dcgm_retired_pages_dbe": "DCGM_FI_DEV_RETIRED_DBE",
+    "dcgm_nvlink_flit_crc_error_count_total": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_replay_error_count_total": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_recovery_error_count_total": "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+}
+#: the exporter's windowed counters: Xids by code, clock events by reason
+_XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
+_CLOCK_COUNT = "DCGM_EXP_CLOCK_EVENTS_COUNT"
+#: DCGM_EXP_CLOCK_EVENTS_COUNT's clock_event label -> its bit in the clock-event reasons mask
+#: (dcgm-exporter internal/pkg/collector/clock_events_collector.go; NVML's nvmlClocksEventReason*)
+CLOCK_EVENT_BITS = {"gpu_idle": 0x1, "clocks_setting": 0x2, "power_cap": 0x4, "hw_slowdown": 0x8,
+                    "sync_boost": 0x10, "sw_thermal": 0x20, "hw_thermal": 0x40, "hw_power_brake": 0x80,
+                    "display_clocks": 0x100}
+#: a Hostname label that is a container's id (the exporter in a container without
+#: --hostname or the downward API): not a node name
+_CONTAINER_ID = re.compile(r"^[0-9a-f]{12}$|^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -180,6 +217,11 @@ class _Gpu:
     uuid: str | None
     values: dict[str, float] = field(default_factory=dict)
     from_instance: set[str] = field(default_factory=set)
+    pci_bus_id: str | None = None
+    #: DCGM_EXP_XID_ERRORS_COUNT: Xid code -> occurrences in the exporter's window
+    xid_counts: dict[int, int] = field(default_factory=dict)
+    #: DCGM_EXP_CLOCK_EVENTS_COUNT: the clock-event bits seen in the window
+    clock_events: int = 0
 
     @property
     def key(self) -> str:
@@ -199,19 +241,26 @@ class _Gpu:
 def _read_hosts(text: str) -> dict[str | None, dict[int, _Gpu]]:
     """Group the GPU metric lines of an exporter text by ``Hostname`` and ``gpu`` label."""
     hosts: dict[str | None, dict[int, _Gpu]] = {}
+    legacy: set[str] = set()
     try:
         for family in text_string_to_metric_families(text):
             name = family.name
-            if not name.startswith("DCGM_FI_"):
+            v1 = _V1_NAMES.get(name) or _V1_NAMES.get(name + "_total")
+            if v1 is not None:
+                legacy.add(name)
+            elif not name.startswith(("DCGM_FI_", _XID_COUNT, _CLOCK_COUNT)):
                 continue
             for sample in family.samples:
                 # The parser names counter samples "<family>_total"; anything else
                 # (e.g. "_created") is not the value itself.
                 if sample.name not in (name, name + "_total"):
                     continue
-                _add_sample(hosts, name, sample.labels, sample.value)
+                _add_sample(hosts, v1 or name, sample.labels, sample.value)
     except ValueError as exc:
         raise ValueError(f"dcgm-exporter output is not valid Prometheus text format: {exc}") from exc
+    if legacy:
+        log.warning("dcgm-exporter 1.x metric names read as their 2.x names (%s); 1.x has no ECC, NVLink or "
+                    "row-remap fields by default", ", ".join(sorted(legacy)))
     return hosts
 
 
@@ -226,16 +275,33 @@ def _add_sample(hosts: dict[str | None, dict[int, _Gpu]], name: str, labels: dic
     if index < 0:
         log.warning("dcgm-exporter: ignoring %s with gpu label %r (not a GPU index)", name, gpu_label)
         return
-    gpus = hosts.setdefault(labels.get("Hostname") or None, {})
+    host = labels.get("Hostname") or labels.get("hostname") or None  # "hostname" since dcgm-exporter PR #655
+    if host is not None and _CONTAINER_ID.match(host):
+        host = None  # a container's id names no node
+    gpus = hosts.setdefault(host, {})
     gpu = gpus.get(index)
     if gpu is None:
         gpu = gpus[index] = _Gpu(index, labels.get("UUID") or labels.get("uuid") or None)
+    if gpu.pci_bus_id is None and labels.get("pci_bus_id"):
+        gpu.pci_bus_id = normalize_pci(labels["pci_bus_id"])
+    if name == _XID_COUNT:
+        try:
+            code = int(labels.get("xid", ""))
+        except ValueError:
+            return
+        if math.isfinite(value) and value >= 0 and not _blank(value):
+            gpu.xid_counts[code] = gpu.xid_counts.get(code, 0) + int(value)
+        return
+    if name == _CLOCK_COUNT:
+        if math.isfinite(value) and value > 0 and not _blank(value):
+            gpu.clock_events |= CLOCK_EVENT_BITS.get(labels.get("clock_event", ""), 0)
+        return
     gpu.put(name, value, "GPU_I_ID" in labels)
 
 
 def _convert(m: _Map, metric: str, raw: float, node: str, slot: int) -> Any:
     """One raw exporter value as a valid entry of ``m.field``, or ``None``."""
-    if raw in _SENTINELS:
+    if _blank(raw):
         log.debug("%s: GPU %d: %s is a DCGM blank value (not supported)", node, slot, metric)
         return None
     value: Any = raw
@@ -280,7 +346,7 @@ def _entry(m: _Map, reported: list[str], gpu: _Gpu, node: str, slot: int) -> Any
 
 def _xid(raw: float, node: str, slot: int) -> int | None:
     """The Xid code the gauge holds, or ``None`` if it holds no usable code."""
-    if raw in _SENTINELS or (isinstance(raw, float) and not math.isfinite(raw)) or raw != int(raw):
+    if _blank(raw) or (isinstance(raw, float) and not math.isfinite(raw)) or raw != int(raw):
         return None
     try:
         return int(_XID_CODE.validate_python(int(raw)))
@@ -298,6 +364,11 @@ def _record(node: str, ts: float, gpus: list[_Gpu | None], xids: list[dict[str, 
             rec[m.field] = [None if g is None else _entry(m, reported, g, node, i) for i, g in enumerate(gpus)]
     if any(g is None for g in gpus):
         rec["lost"] = [g is None for g in gpus]
+    if "throttle" not in rec and any(g is not None and g.clock_events for g in gpus):
+        # no clock-event reasons gauge: the exporter's windowed clock-event counts say which ones happened
+        rec["throttle"] = [None if g is None else g.clock_events for g in gpus]
+    if any(g is not None and g.pci_bus_id for g in gpus):
+        rec["pci_bus_id"] = [None if g is None else g.pci_bus_id for g in gpus]
     rec["xids"] = xids
     return rec
 
@@ -313,14 +384,18 @@ class DcgmExporterParser:
     def __init__(self) -> None:
         self._slots: dict[str, list[str]] = {}
         self._last_xid: dict[tuple[str, str], int] = {}
+        self._xid_counts: dict[tuple[str, str, int], int] = {}
 
     def forget(self, node: str) -> None:
         """Drop what is remembered about ``node`` (e.g. after its GPUs were changed on purpose)."""
         self._slots.pop(node, None)
         self._last_xid = {k: v for k, v in self._last_xid.items() if k[0] != node}
 
-    def parse(self, text: str, ts: float, node: str | None = None) -> list[dict[str, Any]]:
-        """One record per host in ``text``; ``node`` names the host instead of ``Hostname``.
+    def parse(self, text: str, ts: float, node: str | None = None,
+              fallback_node: str | None = None) -> list[dict[str, Any]]:
+        """One record per host in ``text``; ``node`` names the host instead of ``Hostname``;
+        ``fallback_node`` names a host whose lines carry no host label, or a container's id
+        (the agent passes its own node for an exporter on the same machine).
 
         Raises ``ValueError`` when the text is not Prometheus text format, when a host
         has no name (no ``Hostname`` label and no ``node``), when ``node`` is given for a
@@ -331,6 +406,11 @@ class DcgmExporterParser:
             names = sorted(str(h) for h in hosts)
             raise ValueError(f"node={node!r} names one host, but the dcgm-exporter text describes {names}")
         records = []
+        if None in hosts and fallback_node is not None:
+            merged = hosts.pop(None)
+            for index, gpu in hosts.pop(fallback_node, {}).items():
+                merged.setdefault(index, gpu)
+            hosts[fallback_node] = merged
         for host, gpus in hosts.items():
             name = node if node is not None else host
             if name is None:
@@ -363,6 +443,15 @@ class DcgmExporterParser:
                         node, ", ".join(f"{i} ({slots[i]})" for i in lost))
         xids = []
         for i, (key, gpu) in enumerate(zip(slots, gpus, strict=True)):
+            if gpu is not None and gpu.xid_counts:
+                # the exporter's per-code counts over its window: every new occurrence shows,
+                # a repeated code too (the gauge below holds only the last code)
+                for code, count in sorted(gpu.xid_counts.items()):
+                    previous = self._xid_counts.get((node, key, code), 0)
+                    self._xid_counts[(node, key, code)] = count
+                    if count > previous and 0 < code <= 65535:
+                        xids.append({"gpu": i, "code": code, "source": "dcgm", "count": count - previous})
+                continue
             if gpu is None or _XID_METRIC not in gpu.values:
                 continue
             code = _xid(gpu.values[_XID_METRIC], node, i)

@@ -315,7 +315,7 @@ def test_duplicate_lines_for_one_gpu_keep_the_whole_gpu_value() -> None:
     assert rec["temp"] == [55.0] and rec["util"] == [80.0]
 
 
-def test_exporter_metrics_and_link_lines_are_ignored() -> None:
+def test_link_lines_are_ignored_and_the_exporters_xid_count_is_read() -> None:
     text = exporter_text(
         line("DCGM_FI_DEV_GPU_UTIL", 0, 90),
         line("DCGM_EXP_XID_ERRORS_COUNT", 0, 2, extra=',window_size_in_ms="300000",xid="79"'),
@@ -324,7 +324,8 @@ def test_exporter_metrics_and_link_lines_are_ignored() -> None:
     )
     (rec,) = parse_exporter(text, ts=TS)
     valid([rec])
-    assert rec["util"] == [90.0] and "nvlink_crc" not in rec and rec["xids"] == []
+    assert rec["util"] == [90.0] and "nvlink_crc" not in rec
+    assert rec["xids"] == [{"gpu": 0, "code": 79, "source": "dcgm", "count": 2}]
 
 
 # ------------------------------------------------------------------ scraping
