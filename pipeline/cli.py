@@ -233,7 +233,7 @@ def cmd_watch_k8s(args: argparse.Namespace) -> int:
 def cmd_collect(args: argparse.Namespace) -> int:
     """The node agent: NVML, dcgm-exporter and InfiniBand counters -> telemetry topics."""
     over: dict[str, Any] = {}
-    for key in ("node", "interval_s", "nvml", "infiniband_root", "kernel_log"):
+    for key in ("node", "interval_s", "nvml", "infiniband_root", "node_exporter_url", "kernel_log"):
         value = getattr(args, key, None)
         if value is not None:
             over[key] = value
@@ -488,7 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Run the collectors every --interval seconds and produce telemetry.gpu and "
                                     "telemetry.network records (an Xid is sent at once). Sources: NVML on this node "
                                     "(collect.nvml), dcgm-exporter endpoints (--dcgm), InfiniBand/RoCE counters "
-                                    "from sysfs (collect.infiniband_root), and the driver's Xid and NVSwitch SXid "
+                                    "from sysfs (collect.infiniband_root) or from node_exporter (--node-exporter), "
+                                    "and the driver's Xid and NVSwitch SXid "
                                     "lines in the kernel log (--kernel-log), merged with NVML's Xid events.")
     sp.add_argument("--once", action="store_true", help="collect one round and print each record as a JSON line")
     sp.add_argument("--interval", dest="interval_s", type=float, help="seconds between samples (default 10)")
@@ -496,6 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--nvml", choices=["auto", "on", "off"], help="NVML source (default auto)")
     sp.add_argument("--dcgm", action="append", metavar="URL", help="a dcgm-exporter endpoint to scrape (repeatable)")
     sp.add_argument("--infiniband-root", help="sysfs directory of RDMA devices (default /sys/class/infiniband)")
+    sp.add_argument("--node-exporter", dest="node_exporter_url", metavar="URL",
+                    help="read the fabric ports from node_exporter's node_infiniband_* metrics at this URL "
+                         "(http://127.0.0.1:9100/metrics) instead of sysfs")
     sp.add_argument("--kernel-log", metavar="SOURCE",
                     help="kernel log to follow for Xid/SXid lines: auto (journald, else /dev/kmsg; the default), off, "
                          "journald, journald:FILE, kmsg, kmsg:FILE, file:PATH (a syslog file)")

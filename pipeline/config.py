@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -152,6 +152,10 @@ class NetworkSettings(_Section):
     min_train_rows: int = Field(2000, ge=100, description="healthy port windows needed before the model is fitted")
     refit_s: float = Field(900.0, gt=0, description="event-time seconds between refits (in a worker thread)")
     switch_min_nodes: int = Field(3, ge=2, description="nodes with port anomalies under one switch that blame the switch")
+    rated_gbps: dict[str, Annotated[float, Field(gt=0, le=100000)]] = Field(
+        default_factory=dict,
+        description="the rate fabric ports should train to, Gb/s, by port ('mlx5_0/1'), device ('mlx5_0') or '*'; "
+                    "a port below it is link_degraded (without it: below its alike peers on the node, or its past)")
     hold_s: float = Field(60.0, ge=0, description="how long a lone node's port anomaly waits for others under its switch")
     window_s: float = Field(600.0, gt=0, description="how long a port anomaly counts towards its switch")
     tick_lag_s: float = Field(
@@ -282,6 +286,14 @@ class CollectSettings(_Section):
     switches: dict[str, str] = Field(
         default_factory=dict, description="port ('mlx5_0/1') or device ('mlx5_0') -> switch id it is cabled to")
     lldp_dir: str | None = Field(None, description="directory of LLDP-style neighbour labels per port")
+    node_exporter_url: str | None = Field(
+        None, description="read this node's fabric ports from node_exporter's node_infiniband_* metrics "
+                          "(http://127.0.0.1:9100/metrics) instead of sysfs")
+
+    @field_validator("node_exporter_url")
+    @classmethod
+    def _exporter_url(cls, v: str | None) -> str | None:
+        return None if v is None else _check_url(v)
     kernel_log: str = Field(
         "auto", description="the driver's Xid/SXid lines from the kernel log: auto (journald, else /dev/kmsg, "
                             "else off), off, journald, journald:FILE (journal JSON lines), kmsg, kmsg:FILE, "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import re
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -35,6 +36,8 @@ from detectors import (
 from detectors.fabric import COUNTERS as FABRIC_COUNTERS
 from detectors.fabric import FEATURES as FABRIC_FEATURES
 from detectors.fabric import PortModel, port_features
+from detectors.links import BASIS as LINK_BASIS
+from detectors.links import links_below
 from detectors.xid import sxid_findings
 from schemas import Anomaly, FaultClass, GpuSample, JobEvent, JobEventKind, NetworkSample, Severity, Window
 
@@ -59,6 +62,11 @@ class Cooldown:
             return False
         self.last[key] = ts
         return True
+
+
+def _driver(port: str) -> str:
+    """The driver part of a port's device ("mlx5_3/1" -> "mlx5"): its model where none is given."""
+    return re.sub(r"_?\d+$", "", port.split("/", 1)[0])
 
 
 def _anomaly(detector: str, node: str, f: Finding, ts: float, *, subject_type: str = "gpu",
@@ -515,7 +523,9 @@ class NetFleetState(_NodeRows):
                 "ring": ((w + 1, p), np.int32),
                 # running totals of every counter and their times over the feature window
                 "ftot": ((c, p), np.float64), "fring": ((fw + 1, c, p), np.float64),
-                "fts": ((fw + 1,), np.float64), "fhit": ((p,), np.int16)}
+                "fts": ((fw + 1,), np.float64), "fhit": ((p,), np.int16),
+                # a counter of the port is unknown now (no PMA, saturated); highest rate it ran at
+                "unknown": ((p,), bool), "best": ((p,), np.float64)}
 
     def node(self, name: str, wiring: tuple[tuple[str, str], ...]) -> int:
         """Row of ``name``; a node whose ports or cabling (port -> switch) changed starts
@@ -534,6 +544,8 @@ class NetFleetState(_NodeRows):
             self.acc[i] = 0
             self.ftot[i] = 0
             self.fhit[i] = 0
+            self.unknown[i] = False
+            self.best[i] = 0.0
         return i
 
 
@@ -606,16 +618,23 @@ class NetworkDetection:
         ss = [s for _, s in rnd]
         m, p = len(ss), f.p
         c = len(FABRIC_COUNTERS)
-        cur = np.fromiter(chain(chain((q.symbol_errors, q.link_error_recovery, q.link_downed, q.rcv_errors,
-                                       q.xmit_discards, q.xmit_wait, q.xmit_bytes, q.rcv_bytes) for q in s.ports)
-                                for s in ss),
+        nan = np.nan
+        cur = np.fromiter(chain(chain((nan if v is None else v for v in (
+            q.symbol_errors, q.link_error_recovery, q.link_downed, q.rcv_errors, q.xmit_discards, q.xmit_wait,
+            q.xmit_bytes, q.rcv_bytes)) for q in s.ports) for s in ss),
                           dtype=np.float64, count=m * p * c).reshape(m, p, c).transpose(0, 2, 1)  # (m, 8, p)
         down = np.fromiter(chain((q.state == "down" for q in s.ports) for s in ss), dtype=bool,
                            count=m * p).reshape(m, p)
         first = f.count[idx] == 0
-        delta = np.maximum(cur - f.prev[idx], 0.0)  # a counter that went down was reset
-        delta[first] = 0.0
-        f.prev[idx] = cur
+        prev = np.where(first[:, None, None], nan, f.prev[idx])
+        # an unknown counter (no PMA, saturated) has no increments, and its last known value
+        # is kept; a counter that went down was reset
+        with np.errstate(invalid="ignore"):
+            delta = np.nan_to_num(np.maximum(cur - prev, 0.0), nan=0.0)
+        known = ~np.isnan(cur)
+        f.prev[idx] = np.where(known, cur, prev)
+        f.unknown[idx] = ~known.all(axis=1)
+        out.extend(self._links(f, rnd, ss, down))
         inc_down = delta[:, 2]
         flagged = down | (inc_down > 0)
         if flagged.any():
@@ -661,6 +680,41 @@ class NetworkDetection:
         return out
 
 
+    def _links(self, f: NetFleetState, rnd: list[tuple[int, NetworkSample]], ss: list[NetworkSample],
+               down: np.ndarray) -> list[Anomaly]:
+        """Ports that trained below their rated speed, their peers or their own past (link_degraded)."""
+        m, p = down.shape
+        rate = np.fromiter((np.nan if q.rate_gbps is None else q.rate_gbps for s in ss for q in s.ports),
+                           dtype=np.float64, count=m * p).reshape(m, p)
+        if np.isnan(rate).all():
+            return []
+        codes: dict[tuple[str, str | None], int] = {}
+        group = np.fromiter((codes.setdefault((q.hca or _driver(q.port), q.link_layer), len(codes))
+                             for s in ss for q in s.ports), dtype=np.int64, count=m * p).reshape(m, p)
+        rated_cfg = self.net.rated_gbps
+        rated = np.full((m, p), np.nan)
+        if rated_cfg:
+            for k, s in enumerate(ss):
+                for j, q in enumerate(s.ports):
+                    v = rated_cfg.get(q.port) or rated_cfg.get(q.port.split("/", 1)[0]) or rated_cfg.get("*")
+                    rated[k, j] = np.nan if v is None else v
+        idx = np.fromiter((i for i, _ in rnd), dtype=np.int64, count=m)
+        up = ~down
+        flag, expected, basis = links_below(rate, group, up, f.best[idx], rated)
+        f.best[idx] = np.where(up & ~np.isnan(rate), np.fmax(f.best[idx], rate), f.best[idx])
+        out: list[Anomaly] = []
+        for k, j in zip(*np.nonzero(flag), strict=True):
+            s, i = ss[k], rnd[k][0]
+            q = s.ports[j]
+            if self.cooldown.allow((s.node, q.port, "link_degraded"), s.ts):
+                fd = Finding(kind="link_degraded", fault_class="node_network", severity="warning",
+                             score=float(1.0 - rate[k, j] / expected[k, j]), index=0, gpu=None,
+                             evidence={"port": q.port, "switch": f.switches[i][j], "rate_gbps": float(rate[k, j]),
+                                       "expected_gbps": float(expected[k, j]), "width": q.width, "speed": q.speed,
+                                       "basis": LINK_BASIS[int(basis[k, j])]})
+                out.append(_anomaly("link_rules", s.node, fd, s.ts, subject_type="port", subject=f"{s.node}/{q.port}"))
+        return out
+
     # ------------------------------------------------------------------ learned model
 
     def _model_round(self, f: NetFleetState, rnd: list[tuple[int, NetworkSample]], idx: np.ndarray,
@@ -686,7 +740,10 @@ class NetworkDetection:
             self.scored_rows += len(rows)
             hit = np.zeros((len(sel), f.p), dtype=bool)
             evidence: dict[tuple[int, int], Any] = {}
+            unknown = f.unknown[fi].reshape(-1)
             for fl in flags:
+                if unknown[fl.index]:  # a feature from an unknown counter reads as 0: no verdict on it
+                    continue
                 k, j = divmod(fl.index, f.p)
                 hit[k, j] = True
                 evidence[(k, j)] = fl
@@ -708,7 +765,7 @@ class NetworkDetection:
                                         subject=f"{s.node}/{port}"))
         # healthy rows (no rule and no model flag on the node) feed the reservoir
         node_ok = ~ruled[sel].any(axis=1)
-        ok = np.repeat(node_ok, f.p) & ~flagged_rows
+        ok = np.repeat(node_ok, f.p) & ~flagged_rows & ~f.unknown[fi].reshape(-1)
         self._keep(rows[ok])
         return out
 

@@ -259,19 +259,40 @@ class GpuSample(Record):
         return len(self.util)
 
 
+#: The record's port counter fields, in the order detectors stack them.
+PORT_COUNTERS = ("symbol_errors", "link_error_recovery", "link_downed", "rcv_errors", "xmit_discards",
+                 "xmit_wait", "xmit_bytes", "rcv_bytes")
+PortCounterName = Literal["symbol_errors", "link_error_recovery", "link_downed", "rcv_errors", "xmit_discards",
+                          "xmit_wait", "xmit_bytes", "rcv_bytes"]
+
+
 class PortSample(BaseModel):
+    """One fabric port.  A counter is ``null`` where the port does not report it (the HCA
+    has no performance-management agent, ``N/A (no PMA)``; the file is missing) and where
+    it stopped at its maximum (named in ``saturated``): unknown, never 0."""
+
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     port: str = Field(min_length=1, max_length=64)
     switch: str = Field(min_length=1, max_length=253, description="id of the switch this port is cabled to")
     state: Literal["up", "down"]
-    symbol_errors: Counter
-    link_error_recovery: Counter = 0
-    link_downed: Counter
-    rcv_errors: Counter
-    xmit_discards: Counter
-    xmit_wait: Counter
-    xmit_bytes: Counter
-    rcv_bytes: Counter
+    symbol_errors: Counter | None
+    link_error_recovery: Counter | None = 0
+    link_downed: Counter | None
+    rcv_errors: Counter | None
+    xmit_discards: Counter | None
+    xmit_wait: Counter | None
+    xmit_bytes: Counter | None
+    rcv_bytes: Counter | None
+    saturated: list[PortCounterName] = Field(
+        default_factory=list, max_length=len(PORT_COUNTERS),
+        description="counters that stopped at the maximum of their width (InfiniBand counters do not wrap): "
+                    "reported null, never used in a rate")
+    rate_gbps: float | None = Field(None, ge=0.0, le=100000.0, description="link rate the port trained to, Gb/s")
+    width: int | None = Field(None, ge=1, le=64, description="lanes the port trained to (the 4 of '4X')")
+    speed: str | None = Field(None, max_length=16, description="lane speed name the port trained to (EDR, HDR, NDR)")
+    phys_state: str | None = Field(None, max_length=64, description="physical state, e.g. LinkUp, Polling, Disabled")
+    link_layer: Literal["InfiniBand", "Ethernet"] | None = Field(None, description="InfiniBand, or Ethernet (RoCE)")
+    hca: str | None = Field(None, max_length=64, description="adapter model (sysfs hca_type, e.g. MT4129)")
     hw: dict[Annotated[str, Field(max_length=64)], Counter] | None = Field(
         None, max_length=128, description="driver hardware counters (RoCE: hw_counters), cumulative"
     )
@@ -281,11 +302,22 @@ class NetworkSample(Record):
     """One sample of all fabric ports of one node (``telemetry.network``, key: node).
 
     Counters are cumulative, as the InfiniBand/Ethernet port counters report them.
+    ``network/2`` lets a counter be ``null`` (unknown) and adds the link's trained rate,
+    width and states; a ``network/1`` record (every counter an integer) is still read.
     """
 
-    schema_: Literal["network/1"] = Field("network/1", alias="schema")
+    schema_: Literal["network/2", "network/1"] = Field("network/2", alias="schema")
     node: NodeName
     ports: list[PortSample] = Field(min_length=1, max_length=MAX_PORTS)
+
+    @model_validator(mode="after")
+    def _v1_counters_known(self) -> NetworkSample:
+        if self.schema_ == "network/1":
+            for q in self.ports:
+                if missing := [c for c in PORT_COUNTERS if getattr(q, c) is None]:
+                    raise ValueError(f"network/1 has no unknown counters ({q.port}: {', '.join(missing)} null); "
+                                     "send network/2")
+        return self
 
 
 class JobEventKind(str, Enum):

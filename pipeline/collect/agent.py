@@ -7,7 +7,8 @@ Sources, each optional:
 * **dcgm-exporter** endpoints (:mod:`.dcgm`): for clusters that already run NVIDIA's
   exporter, one ``telemetry.gpu`` record per scraped host, nothing to install on nodes;
 * **InfiniBand / RoCE sysfs** (:mod:`.infiniband`): this node's fabric ports ->
-  ``telemetry.network``;
+  ``telemetry.network``; or, where node_exporter already reads them, its
+  ``node_infiniband_*`` metrics (:mod:`.node_exporter`, ``collect.node_exporter_url``);
 * **the kernel log** (:mod:`.kernel`): the driver's own Xid and NVSwitch SXid lines, with
   the text NVML does not carry; merged with NVML's events so that each Xid is sent once.
 
@@ -179,12 +180,18 @@ class Agent:
         return [rec]
 
     async def network(self) -> list[dict[str, Any]]:
+        from .dcgm import scrape
         from .infiniband import read_network_sample
+        from .node_exporter import parse_node_exporter
 
         try:
-            rec = await asyncio.to_thread(read_network_sample, self.node, ts=self.clock(),
-                                          root=self.cfg.infiniband_root, switches=self.cfg.switches,
-                                          lldp_dir=self.cfg.lldp_dir)
+            if self.cfg.node_exporter_url:
+                text = await scrape(self.cfg.node_exporter_url)
+                rec = parse_node_exporter(text, self.node, ts=self.clock(), switches=self.cfg.switches)
+            else:
+                rec = await asyncio.to_thread(read_network_sample, self.node, ts=self.clock(),
+                                              root=self.cfg.infiniband_root, switches=self.cfg.switches,
+                                              lldp_dir=self.cfg.lldp_dir)
         except Exception as exc:
             self.stats.errors["network"] += 1
             log.warning("InfiniBand counters not read: %s", exc)

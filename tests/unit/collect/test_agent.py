@@ -33,6 +33,36 @@ def test_one_round_collects_gpu_and_fabric_records(tmp_path) -> None:
     assert net.node == "gpu-node-017" and net.ports[0].switch == "leaf-03"
 
 
+def test_fabric_ports_from_a_node_exporter_endpoint_instead_of_sysfs(tmp_path) -> None:
+    """node_exporter's own output for its fixture tree, served over HTTP on loopback."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    text = (ROOT / "tests" / "fixtures" / "node_exporter" / "infiniband-e2e-output.txt").read_text()
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=text, content_type="text/plain")
+
+    async def run() -> list:
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        async with TestServer(app, host="127.0.0.1", port=0) as server:
+            cfg = CollectSettings(node="gpu-node-017", nvml="off", kernel_log="off",
+                                  infiniband_root=str(SYSFS),  # not read: the exporter is the source
+                                  node_exporter_url=str(server.make_url("/metrics")), switches={"mlx4_0": "leaf-03"})
+            agent = Agent(cfg)
+            try:
+                return await agent.network()
+            finally:
+                agent.close()
+
+    (rec,) = asyncio.run(run())
+    net = NetworkSample.model_validate(rec)
+    assert [q.port for q in net.ports] == ["i40iw0/1", "mlx4_0/1", "mlx4_0/2"]
+    assert net.ports[2].rcv_bytes == 18527668 and net.ports[1].saturated == ["xmit_wait"]
+    assert net.ports[1].switch == "leaf-03" and net.ports[0].switch == "unknown"
+
+
 def test_an_xid_is_sent_at_once_not_at_the_next_interval(tmp_path) -> None:
     fake = FakeNVML(8)
     cfg = CollectSettings(node="n1", interval_s=60, infiniband_root=str(tmp_path / "none"), kernel_log="off")

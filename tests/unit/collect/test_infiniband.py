@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.collect.infiniband import COUNTERS, read_network_sample
+from pipeline.collect.infiniband import COUNTERS, parse_rate, read_network_sample
 from schemas import NetworkSample
 from schemas.codec import decode
 
@@ -33,7 +33,7 @@ def make_port(root: Path, device: str, port: str = "1", *, state: str = "4: ACTI
     (d / "state").write_text(state + "\n")
     (d / "phys_state").write_text(phys + "\n")
     (d / "link_layer").write_text("InfiniBand\n")
-    values = {name: "0" for name, _ in COUNTERS.values()} | (counters or {})
+    values = {name: "0" for name, _, _ in COUNTERS.values()} | (counters or {})
     for name, value in values.items():
         (d / "counters" / name).write_text(value + "\n")
     if hw is not None:
@@ -56,7 +56,8 @@ def test_fixture_tree_maps_every_counter() -> None:
         "symbol_errors": 0, "link_error_recovery": 0, "link_downed": 1, "rcv_errors": 0,
         "xmit_discards": 0, "xmit_wait": 1834501227,
         "xmit_bytes": 4 * 98120394810234, "rcv_bytes": 4 * 97451022876213,
-        "hw": up["hw"],
+        "rate_gbps": up["rate_gbps"], "width": up["width"], "speed": up["speed"],
+        "phys_state": "LinkUp", "link_layer": "InfiniBand", "hca": None, "hw": up["hw"],
     }
     assert down["port"] == "mlx5_1/1" and down["state"] == "down" and down["switch"] == "unknown"
     assert (down["symbol_errors"], down["link_error_recovery"], down["link_downed"]) == (1287, 4, 9)
@@ -123,29 +124,66 @@ def test_no_device_gives_none(tmp_path: Path) -> None:
     assert read_network_sample(NODE, ts=TS, root=tmp_path) is None
 
 
-def test_missing_counter_is_zero_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    port = make_port(tmp_path, "mlx5_0", counters={"symbol_error": "5", "port_xmit_data": "1000"})
+def test_missing_or_unreadable_counter_is_unknown_with_one_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    port = make_port(tmp_path, "mlx5_0", counters={"symbol_error": "5", "port_xmit_data": "1000",
+                                                   "port_rcv_errors": "seven"})
     (port / "counters" / "link_downed").unlink()
-    (port / "counters" / "port_rcv_data").write_text("N/A\n")
-    with caplog.at_level(logging.WARNING, logger=LOG):
+    (port / "counters" / "port_rcv_data").write_text("N/A (no PMA)\n")
+    with caplog.at_level(logging.INFO, logger=LOG):
         first = read_network_sample(NODE, ts=TS, root=tmp_path)
         second = read_network_sample(NODE, ts=TS + 10, root=tmp_path)
     valid(first)
     valid(second)
     (p,) = first["ports"]  # type: ignore[index]
-    assert p["link_downed"] == 0 and p["rcv_bytes"] == 0
-    assert p["symbol_errors"] == 5 and p["xmit_bytes"] == 4000
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 2
-    assert any("counters/link_downed" in w for w in warnings) and any("counters/port_rcv_data" in w for w in warnings)
+    assert p["link_downed"] is None and p["rcv_bytes"] is None and p["rcv_errors"] is None
+    assert p["symbol_errors"] == 5 and p["xmit_bytes"] == 4000 and "saturated" not in p
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 3, logged  # once each, not again on the second read
+    assert any("counters/link_downed" in m for m in logged) and any("no performance-management" in m for m in logged)
+    assert any("'seven'" in m for m in logged)
 
 
-def test_counter_beyond_schema_limit_is_zero(tmp_path: Path) -> None:
-    make_port(tmp_path, "mlx5_0", counters={"port_xmit_data": str(2**61), "symbol_error": str(2**64 - 1)})
+def test_counter_beyond_schema_limit_is_unknown(tmp_path: Path) -> None:
+    make_port(tmp_path, "mlx5_0", counters={"port_xmit_data": str(2**61), "symbol_error": str(2**63)})
     sample = read_network_sample(NODE, ts=TS, root=tmp_path)
     valid(sample)
     (p,) = sample["ports"]  # type: ignore[index]
-    assert p["xmit_bytes"] == 0 and p["symbol_errors"] == 0
+    assert p["xmit_bytes"] is None and p["symbol_errors"] is None
+
+
+@pytest.mark.parametrize(("file", "field", "maximum"), [
+    ("port_xmit_wait", "xmit_wait", 2**32 - 1), ("port_xmit_data", "xmit_bytes", 2**32 - 1),
+    ("symbol_error", "symbol_errors", 2**16 - 1), ("port_rcv_errors", "rcv_errors", 2**16 - 1),
+    ("link_downed", "link_downed", 255), ("link_error_recovery", "link_error_recovery", 255),
+])
+def test_counter_stopped_at_its_width_is_saturated(tmp_path: Path, file: str, field: str, maximum: int) -> None:
+    make_port(tmp_path, "mlx5_0", counters={file: str(maximum)})
+    (p,) = read_network_sample(NODE, ts=TS, root=tmp_path)["ports"]  # type: ignore[index]
+    assert p[field] is None and p["saturated"] == [field]
+    make_port(tmp_path / "below", "mlx5_0", counters={file: str(maximum - 1)})
+    (q,) = read_network_sample(NODE, ts=TS, root=tmp_path / "below")["ports"]  # type: ignore[index]
+    assert q[field] == (maximum - 1) * (4 if field.endswith("bytes") else 1) and "saturated" not in q
+
+
+def test_counters_ext_is_preferred_and_does_not_saturate_at_32_bits(tmp_path: Path) -> None:
+    port = make_port(tmp_path, "mlx4_0", counters={"port_xmit_data": str(2**32 - 1), "port_rcv_data": "0"})
+    (port / "counters_ext").mkdir()
+    (port / "counters_ext" / "port_xmit_data_64").write_text(f"{2**32 + 5}\n")
+    (port / "counters_ext" / "port_rcv_data_64").write_text("N/A (no PMA)\n")  # unusable: counters/ is read
+    (p,) = read_network_sample(NODE, ts=TS, root=tmp_path)["ports"]  # type: ignore[index]
+    assert p["xmit_bytes"] == 4 * (2**32 + 5) and p["rcv_bytes"] == 0 and "saturated" not in p
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("100 Gb/sec (4X EDR)", (100.0, 4, "EDR")), ("25 Gb/sec (1X EDR)", (25.0, 1, "EDR")),
+    ("10 Gb/sec (4X)", (10.0, 4, None)), ("2.5 Gb/sec (1X SDR)", (2.5, 1, "SDR")),
+    ("400 Gb/sec (4X NDR)", (400.0, 4, "NDR")), ("56 Gb/sec (4X FDR)", (56.0, 4, "FDR")),
+    ("40 Gb/sec (4X FDR10)", (40.0, 4, "FDR10")), ("200 Gb/sec (2X NDR)", (200.0, 2, "NDR")),
+    ("", (None, None, None)), ("fast", (None, None, None)),
+])
+def test_rate_is_parsed(text: str, expected: tuple[float | None, int | None, str | None]) -> None:
+    assert parse_rate(text) == expected
 
 
 def test_unreadable_hw_counter_is_left_out(tmp_path: Path) -> None:
@@ -169,12 +207,13 @@ def test_hw_is_absent_without_hw_counters(tmp_path: Path) -> None:
     [
         ("4: ACTIVE", "5: LinkUp", "up"),
         ("4: ACTIVE", "2: Polling", "down"),
+        ("4: ACTIVE", "7: Phy Test", "up"),
         ("2: INIT", "5: LinkUp", "down"),
         ("1: DOWN", "3: Disabled", "down"),
         ("garbage", "5: LinkUp", "down"),
     ],
 )
-def test_state_is_up_only_when_active_and_link_up(tmp_path: Path, state: str, phys: str, expected: str) -> None:
+def test_state_is_up_only_when_active_and_not_physically_down(tmp_path: Path, state: str, phys: str, expected: str) -> None:
     make_port(tmp_path, "mlx5_0", state=state, phys=phys)
     sample = read_network_sample(NODE, ts=TS, root=tmp_path)
     valid(sample)
