@@ -43,6 +43,8 @@ class FakeGpu:
     pcie_replay: int = 0
     lost: bool = False
     bus_id: str = ""
+    #: what this GPU answers NOT_SUPPORTED to (record field names; "nvlink" for all of NVLink)
+    unsupported: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -139,7 +141,7 @@ class FakeNVML:
             raise self._err(self.NVML_ERROR_INVALID_ARGUMENT)
         if handle.lost:
             raise self._err(self.NVML_ERROR_GPU_IS_LOST)
-        if what in self.unsupported:
+        if what in self.unsupported or what in handle.unsupported:
             raise self._err(self.NVML_ERROR_NOT_SUPPORTED)
         return handle
 
@@ -215,7 +217,10 @@ class FakeNVML:
         return self.NVML_FEATURE_ENABLED
 
     def nvmlDeviceGetNvLinkErrorCounter(self, h: FakeGpu, link: int, counter: int) -> int:  # noqa: N802
-        return self._gpu(h, "nvlink").nvlink.get((link, counter), 0)
+        g = self._gpu(h, "nvlink")
+        field = {self.NVML_NVLINK_ERROR_DL_CRC_FLIT: "nvlink_crc", self.NVML_NVLINK_ERROR_DL_REPLAY: "nvlink_replay",
+                 self.NVML_NVLINK_ERROR_DL_RECOVERY: "nvlink_recovery"}.get(counter, "nvlink_other")
+        return self._gpu(g, field).nvlink.get((link, counter), 0)
 
     def nvmlDeviceGetPcieReplayCounter(self, h: FakeGpu) -> int:  # noqa: N802
         return self._gpu(h, "pcie_replay").pcie_replay

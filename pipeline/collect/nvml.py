@@ -292,10 +292,13 @@ class NvmlCollector:
                 pass
         return self._call(i, "throttle", lambda: n.nvmlDeviceGetCurrentClocksThrottleReasons(h))
 
-    def _nvlink(self, i: int, h: Any) -> tuple[int, int, int] | None:
-        """CRC, replay and recovery errors summed over the active links; None without NVLink."""
+    def _nvlink(self, i: int, h: Any) -> tuple[int | None, int | None, int | None] | None:
+        """CRC, replay and recovery errors summed over the active links; None without NVLink,
+        and each None where no active link gives that counter (NOT_SUPPORTED: Blackwell
+        drivers report NVLink errors through field values instead)."""
         n = self.nvml
         sums = [0, 0, 0]
+        given = [False, False, False]
         active = 0
         for link in range(getattr(n, "NVML_NVLINK_MAX_LINKS", 18)):
             try:
@@ -310,14 +313,19 @@ class NvmlCollector:
             if state != getattr(n, "NVML_FEATURE_ENABLED", 1):
                 continue
             active += 1
-            for k, counter in enumerate((n.NVML_NVLINK_ERROR_DL_CRC_FLIT, n.NVML_NVLINK_ERROR_DL_REPLAY,
-                                         n.NVML_NVLINK_ERROR_DL_RECOVERY)):
+            for k, (field, counter) in enumerate((("nvlink_crc", n.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+                                                  ("nvlink_replay", n.NVML_NVLINK_ERROR_DL_REPLAY),
+                                                  ("nvlink_recovery", n.NVML_NVLINK_ERROR_DL_RECOVERY))):
                 try:
-                    sums[k] += int(self._call(i, "nvlink", lambda lk=link, c=counter:
+                    sums[k] += int(self._call(i, field, lambda lk=link, c=counter:
                                               n.nvmlDeviceGetNvLinkErrorCounter(h, lk, c)))
+                    given[k] = True
                 except _Unsupported:
-                    pass
-        return (sums[0], sums[1], sums[2]) if active else None
+                    self.unsupported.setdefault(field, set()).add(i)
+        if not active:
+            return None
+        crc, replay, recovery = (v if ok else None for v, ok in zip(sums, given, strict=True))
+        return crc, replay, recovery
 
     def sample(self, xids: list[dict[str, Any]] | None = None,
                sxids: list[dict[str, Any]] | None = None) -> dict[str, Any]:

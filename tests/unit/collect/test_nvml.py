@@ -56,6 +56,63 @@ def test_an_unsupported_field_is_absent_not_zero(nvml) -> None:
     assert {"ecc_sbe", "pcie_replay"} <= set(c.unsupported)
 
 
+#: record field -> the fake's name of the NVML call behind it
+NVML_FIELDS = {
+    "util": "util", "mem_used": "mem_used", "temp": "temp", "power": "power", "sm_clock": "sm_clock",
+    "mem_clock": "mem_clock", "throttle": "throttle", "ecc_sbe": "ecc_sbe", "ecc_dbe": "ecc_dbe",
+    "ecc_sbe_aggregate": "ecc_sbe_aggregate", "ecc_dbe_aggregate": "ecc_dbe_aggregate",
+    "retired_pages": "retired_pages", "remapped_rows": "remapped_rows", "remap_pending": "remapped_rows",
+    "remap_failure": "remapped_rows", "nvlink_crc": "nvlink_crc", "nvlink_replay": "nvlink_replay",
+    "nvlink_recovery": "nvlink_recovery", "pcie_replay": "pcie_replay",
+}
+
+
+def test_every_field_of_the_record_is_covered() -> None:
+    from schemas.records import PER_GPU_FIELDS
+
+    assert set(NVML_FIELDS) == set(PER_GPU_FIELDS) - {"lost", "pci_bus_id"}
+
+
+@pytest.mark.parametrize("field", sorted(NVML_FIELDS))
+def test_not_supported_is_none_for_each_field(field: str) -> None:
+    """GPU 2 answers NOT_SUPPORTED to the field's call: its entry is None, the others keep a
+    value; when no GPU supports it, the field is absent (util stays, all None)."""
+    nvml = FakeNVML(4, seed=1, retired_pages_supported=True)
+    nvml.gpus[2].unsupported.add(NVML_FIELDS[field])
+    c = collector(nvml)
+    try:
+        rec = c.sample()
+        GpuSample.model_validate(rec)
+        assert rec[field][2] is None
+        assert all(v is not None for k, v in enumerate(rec[field]) if k != 2), rec[field]
+        assert rec["lost"] == [False] * 4
+        for gpu in nvml.gpus:
+            gpu.unsupported.add(NVML_FIELDS[field])
+        rec = c.sample()
+        GpuSample.model_validate(rec)
+        if field == "util":
+            assert rec["util"] == [None] * 4
+        else:
+            assert field not in rec
+        assert "temp" in rec or field == "temp"
+    finally:
+        c.close()
+
+
+def test_nvlink_counters_not_supported_on_active_links_are_none_not_zero(nvml) -> None:
+    """Links up, every error counter NOT_SUPPORTED (as on drivers that give NVLink errors
+    only through field values): unknown, not 0 errors."""
+    for gpu in nvml.gpus:
+        gpu.unsupported |= {"nvlink_crc", "nvlink_replay", "nvlink_recovery"}
+    c = collector(nvml)
+    try:
+        rec = c.sample()
+    finally:
+        c.close()
+    assert not {"nvlink_crc", "nvlink_replay", "nvlink_recovery"} & set(rec)
+    assert {"nvlink_crc", "nvlink_replay", "nvlink_recovery"} <= set(c.unsupported)
+
+
 def test_a_lost_gpu_is_reported_lost_and_the_collector_keeps_going(nvml) -> None:
     c = collector(nvml)
     try:
