@@ -199,9 +199,12 @@ class GpuSample(Record):
     difference them.
     """
 
+    model_config = ConfigDict(**{**Record.model_config, "json_schema_extra": lambda s: _gpu_schema_extra(s)})
+
     schema_: Literal["gpu/1"] = Field("gpu/1", alias="schema")
     node: NodeName
-    util: list[Percent | None] = Field(description="GPU utilisation, percent")
+    util: list[Percent | None] = Field(min_length=1, max_length=MAX_GPUS,
+                                       description="GPU utilisation, percent (one entry per GPU)")
     temp: list[Annotated[float, Field(ge=-50.0, le=200.0)] | None] | None = Field(
         None, description="core temperature, C")
     power: list[Annotated[float, Field(ge=0.0, le=5000.0)] | None] | None = Field(None, description="power draw, W")
@@ -298,6 +301,27 @@ class PortSample(BaseModel):
     )
 
 
+def _gpu_schema_extra(schema: dict[str, Any]) -> None:
+    """What :meth:`GpuSample._same_length` checks, in JSON Schema: one branch per GPU count
+    ``n``, where every per-GPU array has ``n`` entries and every Xid's ``gpu`` is below ``n``."""
+    _require_schema_field(schema)
+    schema["anyOf"] = [
+        {"properties": {**{f: {"minItems": n, "maxItems": n} for f in PER_GPU_FIELDS},
+                        "xids": {"items": {"properties": {"gpu": {"maximum": n - 1}}}}}}
+        for n in range(1, MAX_GPUS + 1)
+    ]
+    schema["$comment"] = ("every per-GPU array has as many entries as util (one per GPU), and an Xid's gpu is an "
+                          "index into them: anyOf has one branch per GPU count")
+
+
+def _network_schema_extra(schema: dict[str, Any]) -> None:
+    """What :meth:`NetworkSample._v1_counters_known` checks: no null counter in network/1."""
+    _require_schema_field(schema)
+    schema["if"] = {"properties": {"schema": {"const": "network/1"}}, "required": ["schema"]}
+    schema["then"] = {"properties": {"ports": {"items": {"properties": {c: {"type": "integer"}
+                                                                         for c in PORT_COUNTERS}}}}}
+
+
 class NetworkSample(Record):
     """One sample of all fabric ports of one node (``telemetry.network``, key: node).
 
@@ -305,6 +329,8 @@ class NetworkSample(Record):
     ``network/2`` lets a counter be ``null`` (unknown) and adds the link's trained rate,
     width and states; a ``network/1`` record (every counter an integer) is still read.
     """
+
+    model_config = ConfigDict(**{**Record.model_config, "json_schema_extra": lambda s: _network_schema_extra(s)})
 
     schema_: Literal["network/2", "network/1"] = Field("network/2", alias="schema")
     node: NodeName
@@ -337,7 +363,7 @@ class JobEvent(Record):
     scheduler: str = Field("sim", max_length=64, description="kubernetes, slurm or sim")
     nodes: list[NodeName] = Field(default_factory=list, max_length=100000)
     attempt: int = Field(1, ge=1, le=100000)
-    step: int | None = Field(None, ge=0)
+    step: int | None = Field(None, ge=0, le=MAX_COUNTER)
     step_time: float | None = Field(None, ge=0.0, le=86400.0, description="seconds per step, job-wide")
     node_step_times: dict[str, Annotated[float, Field(ge=0.0, le=86400.0)]] | None = Field(
         None, description="seconds per step per node, for peer comparison"
@@ -345,7 +371,7 @@ class JobEvent(Record):
     node_power: dict[str, Annotated[float, Field(ge=0.0, le=100000.0)]] | None = Field(
         None, description="mean GPU power per node, W, for peer comparison"
     )
-    checkpoint_step: int | None = Field(None, ge=0)
+    checkpoint_step: int | None = Field(None, ge=0, le=MAX_COUNTER)
     exit_code: int | None = Field(None, ge=-255, le=255)
     reason: str | None = Field(None, max_length=MAX_TEXT)
     log_tail: str | None = Field(None, max_length=MAX_TEXT)
@@ -376,7 +402,7 @@ class Anomaly(Record):
     subject_type: Literal["gpu", "node", "port", "switch", "job"]
     subject: str
     node: str | None = None
-    gpu: int | None = None
+    gpu: int | None = Field(None, ge=0, lt=MAX_GPUS, description="GPU index on the node, where the subject is a GPU")
     kind: str
     fault_class: FaultClass
     score: float
@@ -423,7 +449,7 @@ class ActionRecord(Record):
     backend: str
     outcome: Outcome
     detail: str = ""
-    attempts: int = 1
+    attempts: int = Field(1, ge=1, le=1_000_000, description="tries it took (1: the first)")
 
 
 class DeadLetter(Record):
@@ -431,8 +457,8 @@ class DeadLetter(Record):
 
     schema_: Literal["deadletter/1"] = Field("deadletter/1", alias="schema")
     source_topic: str
-    partition: int | None = None
-    offset: int | None = None
+    partition: int | None = Field(None, ge=0, le=2**31 - 1)
+    offset: int | None = Field(None, ge=0, le=2**63 - 1)
     key: str | None = None
     reason: str
     payload: str = Field(description="the offending payload, truncated, as text")
