@@ -254,23 +254,28 @@ class RateChangeDetector(Detector):
         """
         return self._to_score(self._stats(counts)["p"])
 
-    def detect_sums(self, k_base: np.ndarray, k_rec: np.ndarray, e_base: int, e_rec: int) -> list[Finding]:
+    def detect_sums(self, k_base: np.ndarray, k_rec: np.ndarray, e_base: int | np.ndarray,
+                    e_rec: int | np.ndarray) -> list[Finding]:
         """The same findings as :meth:`detect`, from window sums kept elsewhere.
 
         For callers that keep running sums instead of whole windows (the streaming
         hot path): ``k_base`` and ``k_rec`` are ``(n, g)`` event counts in the
-        baseline and recent parts of a full window of ``e_base + e_rec`` intervals.
+        baseline and recent parts of a window; ``e_base`` and ``e_rec`` the intervals
+        with a reading in each part, one for all rows or one per row (``(n,)``).
         """
         kb = as_array("k_base", k_base, 2, "(n, g)", "f").astype(np.float64, copy=False)
         kr = as_array("k_rec", k_rec, 2, "(n, g)", "f").astype(np.float64, copy=False)
         check_same_shape(("k_base", "k_rec"), (kb, kr))
         if (kb < 0).any() or (kr < 0).any():
             raise ValueError("k_base and k_rec must be non-negative event counts")
-        eb = check_int("e_base", int(e_base), minimum=0)
-        er = check_int("e_rec", int(e_rec), minimum=0)
         if not ((kr >= 1) & (kb + kr >= self.min_events)).any():
             return []  # nothing can be significant: skip the test
-        return self._findings(self._test(kb, kr, np.int64(eb), np.int64(er), eb + er))
+        eb, er = (np.asarray(e, dtype=np.int64) for e in (e_base, e_rec))
+        if (eb < 0).any() or (er < 0).any():
+            raise ValueError("e_base and e_rec must be non-negative interval counts")
+        if eb.ndim == 1:
+            eb, er = eb[:, None], er[:, None]
+        return self._findings(self._test(kb, kr, eb, er, np.broadcast_to(eb + er, kb.shape)))
 
     def detect(self, counts: np.ndarray) -> list[Finding]:
         """Findings for GPUs with ``p < alpha`` (see :meth:`score` for shapes).
@@ -303,7 +308,7 @@ class RateChangeDetector(Detector):
                         "p_value": float(p[i, j]),
                         "baseline_count": float(s["k_base"][i, j]),
                         "recent_count": float(s["k_rec"][i, j]),
-                        "window": int(s["window"]),
+                        "window": int(np.broadcast_to(s["window"], p.shape)[i, j]),
                         "recent": self.recent,
                     },
                 )
@@ -368,23 +373,29 @@ class ThrottleDetector(Detector):
         th, _ = self._inputs(thermal, temp)
         return self._fraction(th)
 
-    def detect_counts(self, throttled: np.ndarray, samples: int, max_temp: np.ndarray | None = None) -> list[Finding]:
+    def detect_counts(self, throttled: np.ndarray, samples: int | np.ndarray,
+                      max_temp: np.ndarray | None = None) -> list[Finding]:
         """The same findings as :meth:`detect`, from counts kept elsewhere.
 
         ``throttled``: ``(n, g)`` samples with thermal throttling among the last
-        ``samples`` (at most ``window``); ``max_temp``: ``(n, g)`` or None.
+        ``samples`` (one count for all rows, or ``(n,)``); ``max_temp``: ``(n, g)`` or None.
         """
         th = as_array("throttled", throttled, 2, "(n, g)", "f").astype(np.float64, copy=False)
-        samples = check_int("samples", int(samples), minimum=0)
-        if samples < self.warmup or not (th >= self.min_fraction * samples).any():
+        n = np.broadcast_to(np.asarray(samples, dtype=np.int64).reshape(-1, 1) if np.ndim(samples) else
+                            np.int64(samples), (th.shape[0], 1))
+        if (n < 0).any():
+            raise ValueError("samples must be non-negative counts")
+        ok = n >= self.warmup
+        hit = ok & (th >= self.min_fraction * n)
+        if not hit.any():
             return []
-        frac = th / samples
+        frac = th / np.maximum(n, 1)
         findings = []
-        for i, j in zip(*np.nonzero(frac >= self.min_fraction), strict=True):
+        for i, j in zip(*np.nonzero(hit), strict=True):
             mt = None if max_temp is None or not np.isfinite(max_temp[i, j]) else float(max_temp[i, j])
             findings.append(Finding(
                 kind="thermal_throttle", fault_class="node_degrading", severity="warning", score=frac[i, j],
-                index=i, gpu=j, evidence={"fraction": float(frac[i, j]), "samples": samples, "max_temp": mt},
+                index=i, gpu=j, evidence={"fraction": float(frac[i, j]), "samples": int(n[i, 0]), "max_temp": mt},
             ))
         return findings
 

@@ -81,8 +81,17 @@ class WorkerSettings(_Section):
 
 
 class DetectorSettings(_Section):
-    window: int = Field(120, ge=10, le=10000, description="samples in a node's detection window")
-    recent: int = Field(30, ge=2, le=5000, description="recent samples compared with the rest of the window")
+    window_s: float = Field(
+        3600.0, ge=60, le=7 * 86400, description="event-time seconds of history a rate test (ECC, NVLink, PCIe "
+                                                 "replay, symbol errors) compares the recent part with")
+    recent_s: float = Field(
+        300.0, gt=0, description="the recent part of the rate tests' window, event-time seconds: a rise shows "
+                                 "within about this long")
+    bucket_s: float = Field(
+        30.0, ge=1, le=3600, description="time resolution of the windows: events are counted per bucket of this "
+                                         "many seconds (memory per node grows with window_s / bucket_s)")
+    throttle_window_s: float = Field(
+        300.0, gt=0, description="event-time seconds over which the share of thermally throttled samples counts")
     alpha: float = Field(1e-6, gt=0, lt=1, description="significance level of rate-change tests")
     min_events: int = Field(5, ge=1)
     throttle_fraction: float = Field(0.5, gt=0, le=1)
@@ -97,11 +106,32 @@ class DetectorSettings(_Section):
         0.1, gt=0, le=1, description="univariate score from which an anomaly is reported: 0.1 is a two-sided "
                                      "Gaussian tail p = 1e-5 (about 4.4 baseline standard deviations), 1 is p = 1e-50")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old in ("window", "recent"):
+                if old in data:
+                    raise ValueError(f"{old} (samples) is now {old}_s (event-time seconds): windows count time, "
+                                     "whatever the sampling interval")
+        return data
+
     @model_validator(mode="after")
-    def _recent_fits(self) -> "DetectorSettings":
-        if self.recent >= self.window:
-            raise ValueError(f"recent ({self.recent}) must be smaller than window ({self.window})")
+    def _windows_fit(self) -> "DetectorSettings":
+        if 2 * self.recent_s > self.window_s:
+            raise ValueError(f"recent_s ({self.recent_s:g}) must be at most half of window_s ({self.window_s:g}), "
+                             "so the baseline is at least as long as the recent part")
+        for name in ("recent_s", "throttle_window_s"):
+            if getattr(self, name) < self.bucket_s:
+                raise ValueError(f"{name} ({getattr(self, name):g}) must be at least bucket_s ({self.bucket_s:g})")
+        if self.window_s / self.bucket_s > 2000:
+            raise ValueError(f"window_s / bucket_s is {self.window_s / self.bucket_s:.0f} buckets; at most 2000 "
+                             "(raise bucket_s)")
         return self
+
+    def buckets(self, seconds: float) -> int:
+        """Whole buckets in ``seconds`` (at least 1)."""
+        return max(1, int(round(seconds / self.bucket_s)))
 
 
 class PolicySettings(_Section):

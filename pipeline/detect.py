@@ -1,8 +1,9 @@
 """Glue between telemetry records and the pure detectors.
 
-Each node gets a fixed-size ring of per-interval counter increments (one row per sample,
-one column per GPU or port).  A batch of samples updates the rings, then every detector
-scores all the updated nodes at once over stacked arrays.  The rings live in memory:
+Each node gets fixed-size rings of counter increments over event time (:class:`TimeRing`:
+one slot per ``bucket_s`` of event time, one column per GPU or port), so windows count
+seconds whatever the sampling interval.  A batch of samples updates the rings, then every
+detector scores all the updated nodes at once over stacked arrays.  The rings live in memory:
 after a restart a node's window warms up again (detectors return a neutral score while
 warming up), which the node track tolerates because degradation needs confirmations.
 
@@ -174,6 +175,95 @@ def _detector_fields(rows: Sequence[tuple], g: int) -> np.ndarray:
         return out
 
 
+class TimeRing:
+    """Running totals of per-node channels over event time, in buckets of ``bucket_s``.
+
+    The windows of the rate and throttle tests count seconds, not samples, so a node
+    that reports every second and one that reports every minute are judged over the
+    same span, and memory does not grow with the sampling rate.  Bucket ``b`` holds the
+    events with ``floor(ts / bucket_s) == b``.  For every node the ring keeps, per bucket
+    of the last ``buckets`` (one slot more, so a window's both ends are in it):
+
+    * ``tot``: the running total of each channel at the bucket's end (a wrapping integer
+      type: differences over a window stay exact while a window holds fewer than half
+      the type's range);
+    * ``nread``: the running count of buckets that had a reading (the exposure of a
+      window, so buckets without telemetry count neither for nor against a rate).
+
+    Buckets a node skipped (no telemetry) take the totals of the last one it reported.
+    Slots a young node has not reached yet are 0: a window that starts before the
+    node's first sample sees an empty (short) baseline.  Arrays are indexed by node row.
+    """
+
+    def __init__(self, shape: tuple[int, ...], buckets: int, bucket_s: float, capacity: int,
+                 dtype: Any = np.int32) -> None:
+        self.shape, self.buckets, self.slots, self.bucket_s, self.dtype = shape, buckets, buckets + 1, bucket_s, dtype
+        self.cap = 0
+        self.grow(capacity)
+
+    def grow(self, cap: int) -> None:
+        old = self.cap
+        for name, shape, dtype, fill in (("tot", (self.slots, *self.shape), self.dtype, 0),
+                                         ("nread", (self.slots,), np.int32, 0),
+                                         ("acc", self.shape, np.int64, 0), ("nr", (), np.int64, 0),
+                                         ("last", (), np.int64, -1)):
+            arr = np.full((cap, *shape), fill, dtype=dtype)
+            if old:
+                arr[:old] = getattr(self, name)[:old]
+            setattr(self, name, arr)
+        self.cap = cap
+
+    def reset(self, i: int) -> None:
+        """Forget node row ``i`` (its next sample starts a new history)."""
+        self.tot[i] = 0
+        self.nread[i] = 0
+        self.acc[i] = 0
+        self.nr[i] = 0
+        self.last[i] = -1
+
+    def nbytes(self) -> int:
+        return sum(getattr(self, n).nbytes for n in ("tot", "nread", "acc", "nr", "last"))
+
+    def bucket(self, ts: np.ndarray) -> np.ndarray:
+        return np.floor_divide(ts, self.bucket_s).astype(np.int64)
+
+    def add(self, idx: np.ndarray, b: np.ndarray, values: np.ndarray) -> None:
+        """Add ``values`` (``(m, *shape)``) to distinct rows ``idx`` at buckets ``b``
+        (not before each row's last bucket)."""
+        last = self.last[idx]
+        new = last < 0
+        gap = np.where(new, 1, b - last)
+        big = int(gap.max(initial=0))
+        if big > 1:  # fill skipped buckets with the totals before this sample
+            old_tot = self.acc[idx].astype(self.dtype)
+            old_nr = self.nr[idx]
+            for j in range(1, min(big - 1, self.slots) + 1):
+                sel = (gap - 1 >= j) & ~new
+                if not sel.any():
+                    break
+                rows, slots = idx[sel], (last[sel] + j) % self.slots
+                self.tot[rows, slots] = old_tot[sel]
+                self.nread[rows, slots] = old_nr[sel]
+        self.nr[idx] += gap >= 1
+        self.acc[idx] += values.astype(np.int64, copy=False)
+        slot = b % self.slots
+        self.tot[idx, slot] = self.acc[idx].astype(self.dtype)  # wraps
+        self.nread[idx, slot] = self.nr[idx]
+        self.last[idx] = b
+
+    def since(self, idx: np.ndarray, b: np.ndarray, back: int) -> tuple[np.ndarray, np.ndarray]:
+        """Totals and reading buckets of rows ``idx`` over the ``back`` buckets up to and
+        including ``b`` (``back <= buckets``): ``(sums (m, *shape), buckets read (m,))``."""
+        now, then = b % self.slots, (b - back) % self.slots
+        sums = self.tot[idx, now] - self.tot[idx, then]  # wrapping arithmetic, like the totals
+        return sums, self.nread[idx, now] - self.nread[idx, then]
+
+    def between(self, idx: np.ndarray, b: np.ndarray, newer: int, older: int) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`since`, over the buckets ``(b - older, b - newer]``."""
+        hi, lo = (b - newer) % self.slots, (b - older) % self.slots
+        return self.tot[idx, hi] - self.tot[idx, lo], self.nread[idx, hi] - self.nread[idx, lo]
+
+
 class _NodeRows:
     """Per-node detector state as rows of preallocated arrays, grown as nodes appear.
 
@@ -195,6 +285,9 @@ class _NodeRows:
     def _fields(self) -> dict[str, tuple[tuple[int, ...], Any]]:
         raise NotImplementedError
 
+    def _rings(self) -> list[TimeRing]:
+        return []
+
     def _grow(self, cap: int) -> None:
         n = len(self.names)
         for name, (shape, dtype) in self._fields().items():
@@ -202,6 +295,8 @@ class _NodeRows:
             if self.cap:
                 arr[:n] = getattr(self, name)[:n]
             setattr(self, name, arr)
+        for ring in self._rings():
+            ring.grow(cap)
         self.cap = cap
 
     def _add(self, name: str) -> int:
@@ -229,20 +324,24 @@ class _NodeRows:
         return self.rank[i]
 
     def nbytes(self) -> int:
-        return sum(getattr(self, f).nbytes for f in self._fields())
+        return sum(getattr(self, f).nbytes for f in self._fields()) + sum(r.nbytes() for r in self._rings())
 
 
 class GpuFleetState(_NodeRows):
     """Detector state of every node of one GPU count, as arrays indexed by node.
 
-    Per node: the last cumulative counters, and rings of *running totals* of the
-    counter increments (``W + 1`` entries), so the sum of increments over any suffix of
-    the window is a difference of two ring entries.  Scoring a window costs O(GPUs),
-    not O(window x GPUs), and all nodes of a batch are scored in one call.
+    Per node: the last cumulative counters, and :class:`TimeRing` totals of the counter
+    increments (the rate tests) and of thermally throttled samples (the throttle test),
+    so the sum over any window is a difference of two ring entries.  Scoring a window
+    costs O(GPUs), not O(window x GPUs), and all nodes of a batch are scored in one call.
     """
 
-    def __init__(self, gpus: int, window: int, recent: int, throttle_window: int, capacity: int = 64) -> None:
-        self.g, self.w, self.r, self.tw = gpus, window, recent, throttle_window
+    def __init__(self, gpus: int, window_buckets: int, throttle_buckets: int, bucket_s: float,
+                 capacity: int = 64) -> None:
+        self.g, self.tb = gpus, throttle_buckets
+        self.rates = TimeRing((len(RATE_COUNTERS), gpus), window_buckets, bucket_s, capacity)
+        #: per GPU: thermally throttled samples; the last column: samples
+        self.throttled = TimeRing((gpus + 1,), throttle_buckets, bucket_s, capacity)
         #: per node: the previous sample's counter, throttle and flag lists (as sent), and
         #: whether it was quiet (no lost GPU, no remap failure, no thermal throttling);
         #: a quiet node whose lists did not change needs no conversion at all
@@ -253,16 +352,16 @@ class GpuFleetState(_NodeRows):
         self.banks: dict[str, UnivariateDetector] = {}
         super().__init__(capacity)
 
+    def _rings(self) -> list[TimeRing]:
+        return [self.rates, self.throttled]
+
     def _fields(self) -> dict[str, tuple[tuple[int, ...], Any]]:
-        g, w, tw, c = self.g, self.w, self.tw, len(RATE_COUNTERS)
+        g, c, tb = self.g, len(RATE_COUNTERS), self.tb
         return {
             "count": ((), np.int64),
             "prev": ((c + 1, g), np.float64),          # + ecc_dbe
-            # running totals wrap around in 32 bits: differences over a window stay exact
-            # as long as one window holds fewer than 2**31 events
-            "acc": ((c, g), np.int64), "ring": ((w + 1, c, g), np.int32),
-            "th_acc": ((g,), np.int64), "th_ring": ((tw + 1, g), np.int16),
-            "temp": ((tw, g), np.float16),
+            # the hottest throttled reading of each throttle bucket (evidence), and its bucket
+            "tmax": ((tb + 1, g), np.float16), "tstamp": ((tb + 1,), np.int64),
             # whether each GPU was busy at the last sample, and since when (event time)
             "busy": ((g,), np.bool_), "busy_since": ((g,), np.float64),
         }
@@ -293,14 +392,15 @@ class GpuDetection:
         self.capacity = max(64, capacity)
         self.hard = HardFaultDetector()
         self.xid = XidDetector()
-        kw = dict(window=cfg.window, recent=cfg.recent, alpha=cfg.alpha, min_events=cfg.min_events)
+        self.wb, self.rb, self.tb = cfg.buckets(cfg.window_s), cfg.buckets(cfg.recent_s), cfg.buckets(
+            cfg.throttle_window_s)
+        kw = dict(window=self.wb, recent=self.rb, alpha=cfg.alpha, min_events=cfg.min_events)
         self.rates = {
             "ecc_sbe": RateChangeDetector(**kw, kind="ecc_sbe_rate", fault_class="node_degrading"),
             "nvlink": RateChangeDetector(**kw, kind="nvlink_error_rate", fault_class="nvlink"),
             "pcie": RateChangeDetector(**kw, kind="pcie_replay_rate", fault_class="node_degrading"),
         }
-        self.throttle_window = min(60, cfg.window)
-        self.throttle = ThrottleDetector(window=self.throttle_window, min_fraction=cfg.throttle_fraction)
+        self.throttle = ThrottleDetector(min_fraction=cfg.throttle_fraction)  # over throttle_window_s (detect_counts)
         self.univariate = cfg.univariate
         self.fleets: dict[int, GpuFleetState] = {}
         self.cooldown = Cooldown(cfg.anomaly_cooldown_s)
@@ -317,8 +417,7 @@ class GpuDetection:
     def _fleet(self, g: int) -> GpuFleetState:
         f = self.fleets.get(g)
         if f is None:
-            f = self.fleets[g] = GpuFleetState(g, self.cfg.window, self.cfg.recent, self.throttle_window,
-                                               capacity=self.capacity)
+            f = self.fleets[g] = GpuFleetState(g, self.wb, self.tb, self.cfg.bucket_s, capacity=self.capacity)
             if self.univariate:
                 th = self.cfg.univariate_threshold
                 f.banks = {"temp": _bank("temp_drift", th), "power": _bank("power_drift", th)}
@@ -421,44 +520,44 @@ class GpuDetection:
                 s = ss[fd.index]
                 if self.cooldown.allow((s.node, fd.evidence.get("switch_pci"), fd.kind, fd.evidence.get("sxid")), s.ts):
                     out.append(_anomaly("sxid", s.node, fd, s.ts, subject_type="node"))
-        # running totals and their rings
-        count = f.count[idx]
-        f.acc[idx] += delta[:, :3].astype(np.int64)
-        f.ring[idx, count % (f.w + 1)] = f.acc[idx].astype(np.int32)  # modulo 2**32
-        f.th_acc[idx] += thermal
-        f.th_ring[idx, count % (f.tw + 1)] = f.th_acc[idx].astype(np.int16)  # modulo 2**16
-        f.temp[idx, count % f.tw] = temp
-        count = count + 1
-        f.count[idx] = count
-        # rate-change tests on every full window
-        full = count > f.w
-        if full.any():
-            fi, fc = idx[full], count[full]
-            now = f.ring[fi, (fc - 1) % (f.w + 1)]
-            at_r = f.ring[fi, (fc - 1 - f.r) % (f.w + 1)]
-            at_w = f.ring[fi, (fc - 1 - f.w) % (f.w + 1)]
-            k_rec, k_base = now - at_r, at_r - at_w  # int32 arithmetic wraps like the totals
-            sel = np.flatnonzero(full)
-            for c, name in enumerate(RATE_COUNTERS):
-                det = self.rates[name]
-                for fd in det.detect_sums(k_base[:, c], k_rec[:, c], f.w - f.r, f.r):
-                    s = ss[sel[fd.index]]
-                    if self.cooldown.allow((s.node, fd.gpu, fd.kind), s.ts):
-                        win = Window(start=s.ts - self.cfg.window, end=s.ts)
-                        out.append(_anomaly("rate_change", s.node, fd, s.ts, window=win))
-        warm = count > f.tw
-        if warm.any():
-            wi, wc = idx[warm], count[warm]
-            throttled = f.th_ring[wi, (wc - 1) % (f.tw + 1)] - f.th_ring[wi, (wc - 1 - f.tw) % (f.tw + 1)]
-            if (throttled >= self.throttle.min_fraction * f.tw).any():
-                t = f.temp[wi].astype(np.float64)
-                max_temp = np.where(np.isnan(t), -np.inf, t).max(axis=1)
-                max_temp[np.isneginf(max_temp)] = np.nan
-                sel = np.flatnonzero(warm)
-                for fd in self.throttle.detect_counts(throttled, f.tw, max_temp):
-                    s = ss[sel[fd.index]]
-                    if self.cooldown.allow((s.node, fd.gpu, fd.kind), s.ts):
-                        out.append(_anomaly("throttle", s.node, fd, s.ts))
+        # event-time windows: counter increments and throttled samples per bucket
+        ts = np.fromiter((s.ts for s in ss), dtype=np.float64, count=m)
+        b = f.rates.bucket(ts)
+        f.count[idx] += 1
+        f.rates.add(idx, b, delta[:, :3])
+        throttled = thermal != 0
+        f.throttled.add(idx, b, np.concatenate([throttled, np.ones((m, 1), dtype=bool)], axis=1))
+        slot = b % (f.tb + 1)
+        fresh = f.tstamp[idx, slot] != b
+        f.tmax[idx, slot] = np.where(fresh[:, None], temp, np.fmax(f.tmax[idx, slot].astype(np.float64), temp))
+        f.tstamp[idx, slot] = b
+        # rate-change tests: the recent part against the rest of the window
+        k_base, e_base = f.rates.between(idx, b, self.rb, self.wb)
+        k_rec, e_rec = f.rates.since(idx, b, self.rb)
+        for c, name in enumerate(RATE_COUNTERS):
+            det = self.rates[name]
+            for fd in det.detect_sums(k_base[:, c], k_rec[:, c], e_base, e_rec):
+                s = ss[fd.index]
+                if self.cooldown.allow((s.node, fd.gpu, fd.kind), s.ts):
+                    fd.evidence.update(window_s=self.cfg.window_s, recent_s=self.cfg.recent_s,
+                                       bucket_s=self.cfg.bucket_s)
+                    win = Window(start=s.ts - self.cfg.window_s, end=s.ts)
+                    out.append(_anomaly("rate_change", s.node, fd, s.ts, window=win))
+        # sustained thermal throttling over the throttle window
+        sums, read = f.throttled.since(idx, b, self.tb)
+        n_samples, n_throttled = sums[:, g], sums[:, :g]
+        warm = (read >= max(1, self.tb // 2)) & (n_samples >= self.throttle.warmup)
+        if (warm[:, None] & (n_throttled >= self.throttle.min_fraction * n_samples[:, None])).any():
+            sel = np.flatnonzero(warm)
+            recent = f.tstamp[idx[sel]] > (b[sel] - self.tb)[:, None]                      # (n, tb + 1)
+            t = np.where(recent[:, :, None], f.tmax[idx[sel]].astype(np.float64), np.nan)
+            max_temp = np.where(np.isnan(t), -np.inf, t).max(axis=1)
+            max_temp[np.isneginf(max_temp)] = np.nan
+            for fd in self.throttle.detect_counts(n_throttled[sel], n_samples[sel], max_temp):
+                s = ss[sel[fd.index]]
+                if self.cooldown.allow((s.node, fd.gpu, fd.kind), s.ts):
+                    fd.evidence["window_s"] = self.cfg.throttle_window_s
+                    out.append(_anomaly("throttle", s.node, fd, s.ts))
         if f.banks:
             out.extend(self._univariate_round(f, idx, ss))
         return out
@@ -505,22 +604,27 @@ class GpuDetection:
 class NetFleetState(_NodeRows):
     """Detector state of every node with ``p`` fabric ports, as arrays indexed by node.
 
-    Per node: the last cumulative symbol-error and link-downed counters, and a ring of
-    running totals of symbol-error increments (``W + 1`` entries), as for GPUs.
+    Per node: the last cumulative counters, :class:`TimeRing` totals of symbol-error
+    increments (the rate test, as for GPUs), and the running totals of every counter
+    over the last ``feature_samples`` samples (the learned model's features).
     """
 
-    def __init__(self, p: int, window: int, capacity: int = 64, feature_samples: int = 6) -> None:
-        self.p, self.w, self.fw = p, window, feature_samples
+    def __init__(self, p: int, window_buckets: int, bucket_s: float, capacity: int = 64,
+                 feature_samples: int = 6) -> None:
+        self.p, self.fw = p, feature_samples
+        self.symbols = TimeRing((p,), window_buckets, bucket_s, capacity)
         self.wiring: list[tuple[tuple[str, str], ...]] = []
         self.ports: list[tuple[str, ...]] = []
         self.switches: list[tuple[str, ...]] = []
         super().__init__(capacity)
 
+    def _rings(self) -> list[TimeRing]:
+        return [self.symbols]
+
     def _fields(self) -> dict[str, tuple[tuple[int, ...], Any]]:
-        p, w = self.p, self.w
+        p = self.p
         fw, c = self.fw, len(FABRIC_COUNTERS)
-        return {"count": ((), np.int64), "prev": ((c, p), np.float64), "acc": ((p,), np.int64),
-                "ring": ((w + 1, p), np.int32),
+        return {"count": ((), np.int64), "prev": ((c, p), np.float64),
                 # running totals of every counter and their times over the feature window
                 "ftot": ((c, p), np.float64), "fring": ((fw + 1, c, p), np.float64),
                 "fts": ((fw + 1,), np.float64), "fhit": ((p,), np.int16),
@@ -541,7 +645,7 @@ class NetFleetState(_NodeRows):
         elif self.wiring[i] != wiring:
             self.wiring[i], self.ports[i], self.switches[i] = wiring, ports, switches
             self.count[i] = 0
-            self.acc[i] = 0
+            self.symbols.reset(i)
             self.ftot[i] = 0
             self.fhit[i] = 0
             self.unknown[i] = False
@@ -567,8 +671,9 @@ class NetworkDetection:
         self._rng = np.random.default_rng(seed)
         self.score_s = 0.0
         self.scored_rows = 0
+        self.wb, self.rb = cfg.buckets(cfg.window_s), cfg.buckets(cfg.recent_s)
         self.rate = RateChangeDetector(
-            window=cfg.window, recent=cfg.recent, alpha=cfg.alpha, min_events=cfg.min_events,
+            window=self.wb, recent=self.rb, alpha=cfg.alpha, min_events=cfg.min_events,
             kind="symbol_error_rate", fault_class="node_network",
         )
         self.fleets: dict[int, NetFleetState] = {}
@@ -592,7 +697,8 @@ class NetworkDetection:
             p = len(s.ports)
             f = self.fleets.get(p)
             if f is None:
-                f = self.fleets[p] = NetFleetState(p, self.cfg.window, self.capacity, self.net.feature_samples)
+                f = self.fleets[p] = NetFleetState(p, self.wb, self.cfg.bucket_s, self.capacity,
+                                                   self.net.feature_samples)
             i = f.index.get(s.node)
             wiring = tuple((q.port, q.switch) for q in s.ports)
             if i is None or f.wiring[i] != wiring:
@@ -650,35 +756,28 @@ class NetworkDetection:
                                            "state": "down" if down[k, j] else "up"})
                     out.append(_anomaly("link_rules", s.node, fd, s.ts, subject_type="port", subject=f"{s.node}/{port}"))
         count = f.count[idx]
-        f.acc[idx] += delta[:, 0].astype(np.int64)
-        f.ring[idx, count % (f.w + 1)] = f.acc[idx].astype(np.int32)  # modulo 2**32
+        ts = np.fromiter((s.ts for s in ss), dtype=np.float64, count=m)
+        b = f.symbols.bucket(ts)
+        f.symbols.add(idx, b, delta[:, 0])
         f.ftot[idx] += delta
         f.fring[idx, count % (f.fw + 1)] = f.ftot[idx]
-        ts = np.fromiter((s.ts for s in ss), dtype=np.float64, count=m)
         f.fts[idx, count % (f.fw + 1)] = ts
         count = count + 1
         f.count[idx] = count
         out.extend(self._model_round(f, rnd, idx, count, flagged))
-        full = count > f.w
-        if full.any():
-            r, w = self.cfg.recent, f.w
-            fi, fc = idx[full], count[full]
-            now = f.ring[fi, (fc - 1) % (w + 1)]
-            at_r = f.ring[fi, (fc - 1 - r) % (w + 1)]
-            at_w = f.ring[fi, (fc - 1 - w) % (w + 1)]
-            sel = np.flatnonzero(full)
-            for fd in self.rate.detect_sums(at_r - at_w, now - at_r, w - r, r):
-                k = sel[fd.index]
-                s, i = ss[k], rnd[k][0]
-                port = f.ports[i][fd.gpu] if fd.gpu is not None else "?"
-                if self.cooldown.allow((s.node, port, fd.kind), s.ts):
-                    ev = {**fd.evidence, "port": port, "switch": f.switches[i][fd.gpu] if fd.gpu is not None else None}
-                    f2 = Finding(kind=fd.kind, fault_class=fd.fault_class, severity=fd.severity, score=fd.score,
-                                 index=fd.index, gpu=None, evidence=ev)
-                    out.append(_anomaly("fabric_rate", s.node, f2, s.ts, subject_type="port",
-                                        subject=f"{s.node}/{port}"))
+        k_base, e_base = f.symbols.between(idx, b, self.rb, self.wb)
+        k_rec, e_rec = f.symbols.since(idx, b, self.rb)
+        for fd in self.rate.detect_sums(k_base, k_rec, e_base, e_rec):
+            s, i = ss[fd.index], rnd[fd.index][0]
+            port = f.ports[i][fd.gpu] if fd.gpu is not None else "?"
+            if self.cooldown.allow((s.node, port, fd.kind), s.ts):
+                ev = {**fd.evidence, "port": port, "switch": f.switches[i][fd.gpu] if fd.gpu is not None else None,
+                      "window_s": self.cfg.window_s, "recent_s": self.cfg.recent_s, "bucket_s": self.cfg.bucket_s}
+                f2 = Finding(kind=fd.kind, fault_class=fd.fault_class, severity=fd.severity, score=fd.score,
+                             index=fd.index, gpu=None, evidence=ev)
+                out.append(_anomaly("fabric_rate", s.node, f2, s.ts, subject_type="port",
+                                    subject=f"{s.node}/{port}"))
         return out
-
 
     def _links(self, f: NetFleetState, rnd: list[tuple[int, NetworkSample]], ss: list[NetworkSample],
                down: np.ndarray) -> list[Anomaly]:

@@ -129,21 +129,23 @@ def test_degrading_node_is_isolated_before_its_scheduled_failure(loop):
     bad, gpu = nodes[1], 5
     api.add_nodes(nodes)
     api.add_job("job-degrade", nodes)
-    t0 = time.time() - 2000
-    onset, fail_at = 150, 150 + 360
+    # a sample every 10 s (the agent's default); 40 minutes of healthy history, then one
+    # GPU's corrected errors rise exponentially for 10 minutes until it fails
+    every, onset, fail_at = 10, 2400, 2400 + 600
+    t0 = time.time() - 4000
     rng = np.random.default_rng(7)
     sbe = {n: np.zeros(8, dtype=np.int64) for n in nodes}
     produce(bootstrap, [(worker.topic("telemetry.job"), "job-degrade", job_event("job-degrade", "started", t0, nodes))])
     failure_ts = t0 + fail_at
-    for chunk in range(0, fail_at, 60):
+    for chunk in range(0, fail_at, 600):
         items = []
-        for t in range(chunk, min(chunk + 60, fail_at)):
+        for t in range(chunk, min(chunk + 600, fail_at), every):
             for n in nodes:
-                sbe[n] += rng.poisson(2e-4, 8)
+                sbe[n] += rng.poisson(2e-4 * every, 8)
                 if n == bad and t >= onset:
-                    sbe[n][gpu] += rng.poisson(min(5.0, 0.0005 * math.exp((t - onset) / 30.0)))
+                    sbe[n][gpu] += rng.poisson(min(5.0, 0.05 * math.exp((t - onset) / 120.0)))
                 items.append((worker.topic("telemetry.gpu"), n, gpu_sample(n, t0 + t, sbe=sbe[n].tolist(), rng=rng)))
-            if t % 60 == 59:
+            if t % 600 == 590:
                 items.append((worker.topic("telemetry.job"), "job-degrade",
                               job_event("job-degrade", "checkpoint", t0 + t, nodes, step=t, checkpoint_step=t)))
         produce(bootstrap, items)

@@ -135,10 +135,11 @@ def verdict(
 
 
 def sbe_ramp(n: int = 400, *, node: str = "node-0001", gpu: int = 5, start: int = 200, seed: int = 0,
-             t0: float = T0) -> list[GpuSample]:
+             t0: float = T0, every: float = 10.0) -> list[GpuSample]:
     """A node whose GPU ``gpu`` develops a single-bit ECC error storm, as the simulator's
-    ``sbe_rise`` fault does: rare background errors on every GPU, then from ``start`` a
-    Poisson rate that grows exponentially (capped at 5 per sample) on one GPU."""
+    ``sbe_rise`` fault does: rare background errors on every GPU, then from sample
+    ``start`` a Poisson rate that grows exponentially (capped at 5 per sample) on one GPU.
+    A sample every ``every`` seconds (the agent's default interval)."""
     rng = np.random.default_rng(seed)
     sbe = np.zeros(GPUS, dtype=np.int64)
     out = []
@@ -146,5 +147,5 @@ def sbe_ramp(n: int = 400, *, node: str = "node-0001", gpu: int = 5, start: int 
         sbe += rng.poisson(2e-3, GPUS)
         if i >= start:
             sbe[gpu] += rng.poisson(min(5.0, 0.01 * math.exp((i - start) / 30.0)))
-        out.append(gpu_sample(node, t0 + i, ecc_sbe=sbe.tolist()))
+        out.append(gpu_sample(node, t0 + i * every, ecc_sbe=sbe.tolist()))
     return out

@@ -64,10 +64,22 @@ def test_a_config_file_that_is_not_toml_is_a_clear_error(tmp_path: Path) -> None
         load_settings(path, environ={})
 
 
-def test_a_recent_part_as_long_as_the_detection_window_is_rejected() -> None:
+def test_a_recent_part_longer_than_half_the_detection_window_is_rejected() -> None:
     with pytest.raises(ConfigError) as err:
-        load_settings(environ={"FLEETMEDIC_DETECTORS__WINDOW": "30", "FLEETMEDIC_DETECTORS__RECENT": "30"})
-    assert "detectors" in str(err.value) and "recent (30) must be smaller than window (30)" in str(err.value)
+        load_settings(environ={"FLEETMEDIC_DETECTORS__WINDOW_S": "600", "FLEETMEDIC_DETECTORS__RECENT_S": "301"})
+    assert "detectors" in str(err.value) and "recent_s (301) must be at most half of window_s (600)" in str(err.value)
+
+
+def test_the_sample_counted_window_settings_say_what_replaced_them() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(environ={"FLEETMEDIC_DETECTORS__WINDOW": "120"})
+    assert "window (samples) is now window_s (event-time seconds)" in str(err.value)
+
+
+def test_a_window_of_too_many_buckets_is_rejected() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(environ={"FLEETMEDIC_DETECTORS__WINDOW_S": "86400", "FLEETMEDIC_DETECTORS__BUCKET_S": "10"})
+    assert "8640 buckets" in str(err.value)
 
 
 def test_policy_settings_refuse_unknown_overrides() -> None:

@@ -54,7 +54,7 @@ def _symbol_ramp(n: int, seed: int) -> list[NetworkSample]:
         if i >= 200:
             sym += int(rng.poisson(3))
         ports = [port(f"mlx5_{p}/1", k=i, sym=sym if p == 2 else 0) for p in range(4)]
-        out.append(sample(T0 + i, ports))
+        out.append(sample(T0 + 10 * i, ports))  # every 10 s, the agent's default
     return out
 
 
@@ -62,7 +62,7 @@ def test_rising_symbol_errors_are_found_on_the_right_port() -> None:
     found = NetworkDetection(DetectorSettings()).process(_symbol_ramp(300, 0))
     assert found
     assert {(a.subject, a.kind) for a in found} == {(f"{NODE}/mlx5_2/1", "symbol_error_rate")}
-    assert min(a.ts for a in found) >= T0 + 200
+    assert min(a.ts for a in found) >= T0 + 200 * 10
 
 
 @pytest.mark.parametrize("size", [1, 7, 300])
