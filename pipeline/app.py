@@ -54,7 +54,7 @@ from . import faust_fixes  # noqa: F401  (patches two record-loss races in Faust
 from . import policy
 from .actuate import Actuation, BackendRouter
 from .config import Settings, state_dir
-from .detect import GpuDetection, NetworkDetection, PartitionWatermark, PeerDetection
+from .detect import GpuDetection, NetworkDetection, PartitionWatermark, PeerDetection, late_reason
 from .topics import topic_specs
 
 log = logging.getLogger("fleetmedic")
@@ -235,7 +235,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     breaker = CircuitBreaker(max_fraction=s.safety.max_fraction, max_absolute=s.safety.max_absolute,
                              window_s=s.safety.window_s)
     timing: dict[str, float] = {"decode_s": 0.0, "detect_s": 0.0}
-    stats: dict[str, Any] = {"records": 0, "telemetry": 0, "deadletters": 0, "anomalies": 0, "verdicts": 0,
+    stats: dict[str, Any] = {"records": 0, "telemetry": 0, "deadletters": 0, "duplicates": 0, "anomalies": 0, "verdicts": 0,
                              "actions": 0, "first_telemetry_at": 0.0, "last_telemetry_at": 0.0}
     app.fleetmedic_stats = stats  # type: ignore[attr-defined]
     pending_ticks: dict[str, float] = {}
@@ -253,9 +253,10 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     def fleet_size() -> int:
         return s.safety.fleet_size or nodes_seen()
 
-    async def dead_raw(topic: str, partition: int | None, offset: int | None, key: Any, value: Any, reason: str) -> None:
+    async def dead_raw(topic: str, partition: int | None, offset: int | None, key: Any, value: Any, reason: str,
+                       result: str = "deadletter") -> None:
         stats["deadletters"] += 1
-        metrics.records.labels(topic, "deadletter").inc()
+        metrics.records.labels(topic, result).inc()
         dl = dead_letter(source_topic=topic, reason=reason, payload=value, ts=time.time(), key=key,
                          partition=partition, offset=offset)
         await t_dead.send(value=dl.to_json())
@@ -313,20 +314,32 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         attributes), detect over it at once, send anomalies; then ``after(samples)``."""
         samples = []
         parts: list[int] = []  # the partition of each decoded sample
+        source: list[Any] = []  # the message of each decoded sample
         t0 = time.perf_counter()
         for m in msgs:
             try:
                 samples.append(decode(model, m.value))
                 parts.append(m.partition)
+                source.append(m)
             except DecodeError as exc:
                 await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, exc.reason)
-        if samples:
-            count_ok(msgs[0].topic, len(samples))
         stats["telemetry"] += len(msgs)
         t1 = time.perf_counter()
         timing["decode_s"] += t1 - t0
         try:
             anomalies = detection.process(samples)
+            if detection.refused:
+                # a redelivered sample is counted and dropped; a late one (older than the
+                # node's windows) goes to the dead-letter topic with its reason
+                for r in detection.refused:
+                    m = source[r.position]
+                    if r.why == "duplicate":
+                        stats["duplicates"] += 1
+                        metrics.records.labels(m.topic, "duplicate").inc()
+                    else:
+                        await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, late_reason(r), result="late")
+            if samples:
+                count_ok(msgs[0].topic, len(samples) - len(detection.refused))
             t2 = time.perf_counter()
             timing["detect_s"] += t2 - t1
             metrics.detect_seconds.labels(what).observe(t2 - t0)

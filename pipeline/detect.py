@@ -20,7 +20,7 @@ import operator
 import re
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -48,6 +48,25 @@ from .policy import stable_id
 
 def _sev(s: str) -> Severity:
     return Severity(s)
+
+
+class Refused(NamedTuple):
+    """A sample that detection did not use: its position in the batch given to
+    ``process``, why (``duplicate``: a sample of that node with the same event time was
+    already used, a redelivery; ``late``: older than the node's last used sample, which
+    the windows have moved past), and that last used sample's event time."""
+
+    position: int
+    why: str
+    node: str
+    ts: float
+    last_ts: float
+
+
+def late_reason(r: Refused) -> str:
+    """The dead-letter reason of a late sample (it starts with ``late:``)."""
+    return (f"late: event time {r.ts:.3f} is {r.last_ts - r.ts:.3f} s before node {r.node}'s last used sample "
+            f"({r.last_ts:.3f}); its detection windows have moved past it")
 
 
 class Cooldown:
@@ -94,6 +113,8 @@ def _anomaly(detector: str, node: str, f: Finding, ts: float, *, subject_type: s
 RATE_COUNTERS = ("ecc_sbe", "nvlink", "pcie")
 #: healthy port windows kept for fitting the fabric model
 RESERVOIR = 20000
+#: accepted event times kept per node to tell a redelivered (duplicate) sample from a late one
+SEEN_TS = 16
 #: the per-GPU fields whose changes the GPU detectors read, in the column order of
 #: :func:`_detector_fields` (temperature is read apart: it is throttle evidence only)
 DETECTOR_FIELDS = ("ecc_sbe", "nvlink_crc", "nvlink_replay", "nvlink_recovery", "pcie_replay", "ecc_dbe",
@@ -269,8 +290,10 @@ class _NodeRows:
 
     Subclasses list their arrays in :meth:`_fields` (name -> per-row shape and dtype).
     Besides the arrays, every node has: the event time of its last accepted sample
-    (later or equal ones are late), and the batch it was last seen in with its rank
-    there (which round of that batch its next sample goes to).
+    (samples not after it are refused), the event times of its last :data:`SEEN_TS`
+    accepted samples (to tell a redelivered sample from a late one), and the batch it
+    was last seen in with its rank there (which round of that batch its next sample
+    goes to).
     """
 
     def __init__(self, capacity: int) -> None:
@@ -288,10 +311,13 @@ class _NodeRows:
     def _rings(self) -> list[TimeRing]:
         return []
 
+    def _all_fields(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+        return {**self._fields(), "seen_ts": ((SEEN_TS,), np.float64), "seen_at": ((), np.int64)}
+
     def _grow(self, cap: int) -> None:
         n = len(self.names)
-        for name, (shape, dtype) in self._fields().items():
-            arr = np.zeros((cap, *shape), dtype=dtype)
+        for name, (shape, dtype) in self._all_fields().items():
+            arr = np.full((cap, *shape), np.nan if name == "seen_ts" else 0, dtype=dtype)
             if self.cap:
                 arr[:n] = getattr(self, name)[:n]
             setattr(self, name, arr)
@@ -323,8 +349,18 @@ class _NodeRows:
         self.rank[i] += 1
         return self.rank[i]
 
+    def remember(self, idx: np.ndarray, ts: np.ndarray) -> None:
+        """Note the event times ``ts`` of accepted samples of distinct rows ``idx``."""
+        self.seen_ts[idx, self.seen_at[idx] % SEEN_TS] = ts
+        self.seen_at[idx] += 1
+
+    def refusal(self, i: int, ts: float) -> str:
+        """Why node ``i``'s sample at ``ts`` was refused: ``duplicate`` when a sample
+        with that event time was accepted (a redelivery), else ``late``."""
+        return "duplicate" if ts == self.last_seen[i] or bool((self.seen_ts[i] == ts).any()) else "late"
+
     def nbytes(self) -> int:
-        return sum(getattr(self, f).nbytes for f in self._fields()) + sum(r.nbytes() for r in self._rings())
+        return sum(getattr(self, f).nbytes for f in self._all_fields()) + sum(r.nbytes() for r in self._rings())
 
 
 class GpuFleetState(_NodeRows):
@@ -404,7 +440,11 @@ class GpuDetection:
         self.univariate = cfg.univariate
         self.fleets: dict[int, GpuFleetState] = {}
         self.cooldown = Cooldown(cfg.anomaly_cooldown_s)
+        #: samples refused so far, late and duplicate
         self.late = 0
+        self.duplicates = 0
+        #: the samples the last :meth:`process` call refused
+        self.refused: list[Refused] = []
         self._batch = 0
 
     @property
@@ -433,7 +473,8 @@ class GpuDetection:
         self._batch += 1
         batch = self._batch
         fleets = self.fleets
-        for s in samples:
+        refused: list[tuple[int, _NodeRows, int, Any]] = []
+        for pos, s in enumerate(samples):
             g = len(s.util)
             f = fleets.get(g) or self._fleet(g)
             i = f.index.get(s.node)
@@ -441,7 +482,7 @@ class GpuDetection:
                 i = f.node(s.node)
             k = f.accept(i, s.ts, batch)
             if k is None:
-                self.late += 1
+                refused.append((pos, f, i, s))
                 continue
             rounds = rounds_by_g.get(g)
             if rounds is None:
@@ -453,8 +494,15 @@ class GpuDetection:
             f = fleets[g]
             for rnd in rounds:
                 out.extend(self._round(f, rnd))
+        self._refuse(refused)
         out.sort(key=lambda a: a.ts)
         return out
+
+    def _refuse(self, refused: list[tuple[int, _NodeRows, int, Any]]) -> None:
+        self.refused = [Refused(pos, f.refusal(i, s.ts), s.node, s.ts, f.last_seen[i]) for pos, f, i, s in refused]
+        dup = sum(r.why == "duplicate" for r in self.refused)
+        self.duplicates += dup
+        self.late += len(self.refused) - dup
 
     def _round(self, f: GpuFleetState, rnd: list[tuple[int, GpuSample]]) -> list[Anomaly]:
         out: list[Anomaly] = []
@@ -522,6 +570,7 @@ class GpuDetection:
                     out.append(_anomaly("sxid", s.node, fd, s.ts, subject_type="node"))
         # event-time windows: counter increments and throttled samples per bucket
         ts = np.fromiter((s.ts for s in ss), dtype=np.float64, count=m)
+        f.remember(idx, ts)
         b = f.rates.bucket(ts)
         f.count[idx] += 1
         f.rates.add(idx, b, delta[:, :3])
@@ -679,7 +728,11 @@ class NetworkDetection:
         self.fleets: dict[int, NetFleetState] = {}
         self.cooldown = Cooldown(cfg.anomaly_cooldown_s)
         self.late = 0
+        self.duplicates = 0
+        self.refused: list[Refused] = []
         self._batch = 0
+
+    _refuse = GpuDetection._refuse
 
     @property
     def nodes(self) -> int:
@@ -693,7 +746,8 @@ class NetworkDetection:
         rounds_by_p: dict[int, list[list[tuple[int, NetworkSample]]]] = {}
         self._batch += 1
         batch = self._batch
-        for s in samples:
+        refused: list[tuple[int, _NodeRows, int, Any]] = []
+        for pos, s in enumerate(samples):
             p = len(s.ports)
             f = self.fleets.get(p)
             if f is None:
@@ -705,7 +759,7 @@ class NetworkDetection:
                 i = f.node(s.node, wiring)
             k = f.accept(i, s.ts, batch)
             if k is None:
-                self.late += 1
+                refused.append((pos, f, i, s))
                 continue
             rounds = rounds_by_p.setdefault(p, [[]])
             if k == len(rounds):
@@ -714,6 +768,7 @@ class NetworkDetection:
         for p, rounds in rounds_by_p.items():
             for rnd in rounds:
                 out.extend(self._round(self.fleets[p], rnd))
+        self._refuse(refused)
         out.sort(key=lambda a: a.ts)
         return out
 
@@ -757,6 +812,7 @@ class NetworkDetection:
                     out.append(_anomaly("link_rules", s.node, fd, s.ts, subject_type="port", subject=f"{s.node}/{port}"))
         count = f.count[idx]
         ts = np.fromiter((s.ts for s in ss), dtype=np.float64, count=m)
+        f.remember(idx, ts)
         b = f.symbols.bucket(ts)
         f.symbols.add(idx, b, delta[:, 0])
         f.ftot[idx] += delta

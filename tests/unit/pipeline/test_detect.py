@@ -44,11 +44,14 @@ def test_duplicate_and_out_of_order_samples_are_ignored_and_counted() -> None:
     det = _detection()
     assert det.process([gpu_sample(NODE, T0 + i) for i in range(10)]) == []
     stale = [
-        gpu_sample(NODE, T0 + 9, lost=_lost(1)),                 # a duplicate of the newest time
-        gpu_sample(NODE, T0 + 4, ecc_dbe=[1] + [0] * (GPUS - 1)),  # from the past
+        gpu_sample(NODE, T0 + 9, lost=_lost(1)),                   # a duplicate of the newest time
+        gpu_sample(NODE, T0 + 4.5, ecc_dbe=[1] + [0] * (GPUS - 1)),  # from the past, never seen
+        gpu_sample(NODE, T0 + 3),                                  # a redelivery of an older sample
     ]
     assert det.process(stale) == []
-    assert det.late == 2
+    assert (det.late, det.duplicates) == (1, 2)
+    assert [(r.position, r.why, r.ts, r.last_ts) for r in det.refused] == [
+        (0, "duplicate", T0 + 9, T0 + 9), (1, "late", T0 + 4.5, T0 + 9), (2, "duplicate", T0 + 3, T0 + 9)]
     # the late DBE value was not taken as the counter's new baseline either
     [a] = det.process([gpu_sample(NODE, T0 + 10, ecc_dbe=[1] + [0] * (GPUS - 1))])
     assert (a.kind, a.gpu, a.evidence["dbe_delta"]) == ("ecc_dbe", 0, 1.0)
@@ -59,7 +62,21 @@ def test_late_samples_of_one_node_do_not_hold_back_another_node() -> None:
     det.process([gpu_sample(NODE, T0 + 100)])
     found = det.process([gpu_sample("node-0002", T0 + 50, lost=_lost(0))])
     assert [(a.node, a.kind) for a in found] == [("node-0002", "gpu_lost")]
-    assert det.late == 0
+    assert det.late == 0 and det.refused == []
+
+
+def test_a_redelivery_older_than_the_remembered_times_reads_as_late() -> None:
+    # only the last SEEN_TS accepted times are kept per node; an older redelivery cannot
+    # be told from a late sample, and is refused as late (never used)
+    from pipeline.detect import SEEN_TS
+    det = _detection()
+    det.process([gpu_sample(NODE, T0 + i) for i in range(SEEN_TS + 5)])
+    det.process([gpu_sample(NODE, T0 + 5), gpu_sample(NODE, T0 + 2), gpu_sample(NODE, T0 + 3)])
+    assert [r.why for r in det.refused] == ["duplicate", "late", "late"]
+    # a batch that repeats one sample refuses the copy as a duplicate
+    t = T0 + SEEN_TS + 10
+    det.process([gpu_sample(NODE, t), gpu_sample(NODE, t)])
+    assert [(r.position, r.why) for r in det.refused] == [(1, "duplicate")]
 
 
 def test_a_counter_reset_is_not_a_negative_increment_nor_a_finding() -> None:

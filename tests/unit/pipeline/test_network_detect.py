@@ -80,8 +80,9 @@ def test_late_duplicate_and_reordered_samples_are_counted_not_used() -> None:
     det = NetworkDetection(DetectorSettings())
     det.process([healthy(T0 + i, i) for i in range(5)])
     bad = [port(f"mlx5_{p}/1", state="down") for p in range(4)]
-    assert det.process([sample(T0 + 4, bad), sample(T0 + 1, bad)]) == []
-    assert det.late == 2
+    assert det.process([sample(T0 + 4, bad), sample(T0 + 1, bad), sample(T0 + 2.5, bad)]) == []
+    assert (det.late, det.duplicates) == (1, 2)
+    assert [(r.position, r.why) for r in det.refused] == [(0, "duplicate"), (1, "duplicate"), (2, "late")]
 
 
 def test_a_node_whose_ports_change_starts_a_new_window() -> None:
