@@ -23,7 +23,6 @@ import asyncio
 import gc
 import logging
 import time
-from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -54,7 +53,7 @@ from . import faust_fixes  # noqa: F401  (patches two record-loss races in Faust
 from . import policy
 from .actuate import Actuation, BackendRouter
 from .config import Settings, state_dir
-from .detect import GpuDetection, NetworkDetection, PartitionWatermark, PeerDetection, late_reason
+from .detect import GpuDetection, LaggedWatermark, NetworkDetection, PartitionWatermark, PeerDetection, late_reason
 from .topics import topic_specs
 
 log = logging.getLogger("fleetmedic")
@@ -238,7 +237,13 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     stats: dict[str, Any] = {"records": 0, "telemetry": 0, "deadletters": 0, "duplicates": 0, "anomalies": 0, "verdicts": 0,
                              "actions": 0, "first_telemetry_at": 0.0, "last_telemetry_at": 0.0}
     app.fleetmedic_stats = stats  # type: ignore[attr-defined]
-    pending_ticks: dict[str, float] = {}
+    #: job -> (event time, wall time): the failure waiting for node evidence is judged when
+    #: the telemetry watermark reaches the first or the wall clock the second
+    pending_ticks: dict[str, tuple[float, float]] = {}
+    #: event time that the GPU and network telemetry of every partition has reached
+    telemetry_watermark = PartitionWatermark()
+    job_marks = LaggedWatermark(s.policy.correlation_lag_s)
+    switch_marks = LaggedWatermark(s.network.tick_lag_s)
     switch_ticks: dict[str, float] = {}
     state: dict[str, Any] = {"actuation": None, "ticks_scanned": False, "switch_ticks_scanned": False,
                              "telemetry_consumer": None}
@@ -340,6 +345,12 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                         await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, late_reason(r), result="late")
             if samples:
                 count_ok(msgs[0].topic, len(samples) - len(detection.refused))
+                newest: dict[int, float] = {}
+                for x, part in zip(samples, parts):
+                    if x.ts > newest.get(part, 0.0):
+                        newest[part] = x.ts
+                for part, ts in newest.items():
+                    telemetry_watermark.update((msgs[0].topic, part), ts)
             t2 = time.perf_counter()
             timing["detect_s"] += t2 - t1
             metrics.detect_seconds.labels(what).observe(t2 - t0)
@@ -569,8 +580,8 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             if d is None:
                 continue
             if d.tick_at is not None:
-                pending_ticks[rec.job] = d.tick_at
-            elif job_to_history[rec.job].get("pending") is None:
+                pending_ticks[rec.job] = (d.tick_ts if d.tick_ts is not None else float("inf"), d.tick_at)
+            elif not policy.waiting_failures(job_to_history[rec.job]):
                 pending_ticks.pop(rec.job, None)
             await emit_decision(d)
 
@@ -608,15 +619,9 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                     switch_ticks[sw] = due
         # the watermark of a moment ago: the anomalies of events up to it have had time to
         # pass through the node track onto the switch notices before the tick follows them
-        marks = state.setdefault("net_marks", deque())  # (wall time, watermark), oldest first
-        wall = time.monotonic()
-        marks.append((wall, state.get("net_watermark", 0.0)))
-        cutoff = wall - s.network.tick_lag_s
-        while len(marks) > 1 and marks[1][0] <= cutoff:
-            marks.popleft()  # keep the newest mark at least tick_lag_s old, and those after it
-        if marks[0][0] > cutoff or not marks[0][1]:
+        now = switch_marks.observe(time.monotonic(), state.get("net_watermark", 0.0))
+        if not now:
             return
-        now = marks[0][1]
         for sw in [w for w, t in switch_ticks.items() if t <= now]:
             switch_ticks.pop(sw, None)
             tick = SwitchNotice(ts=now, switch=sw, node="-", kind="tick")
@@ -624,19 +629,24 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     @app.timer(interval=0.25)
     async def send_ticks() -> None:
-        """Wake the job track when a failure's grace period for node evidence ends."""
+        """Wake the job track when a failure's grace for node evidence has ended: when the
+        telemetry watermark of ``policy.correlation_lag_s`` ago has passed it (event time,
+        so a replay at any speed is judged alike), or at the latest after
+        ``policy.correlation_wait_max_s`` of wall time (telemetry stalled or absent).  The
+        tick carries that watermark as its event time."""
         if not state["ticks_scanned"]:
             # after a restart, pick up failures that were waiting when the worker stopped
             state["ticks_scanned"] = True
             for job, hist in list(job_to_history.items()):
-                p = (hist or {}).get("pending")
-                if p and p.get("kind") == "failure":
-                    pending_ticks[job] = time.time()
+                w = policy.waiting_failures(hist or {})
+                if w:
+                    pending_ticks[job] = (w[0]["deadline_ts"], min(x["deadline_wall"] for x in w))
+        mark = job_marks.observe(time.monotonic(), telemetry_watermark.value)
         now = time.time()
-        due = [j for j, t in pending_ticks.items() if t <= now]
+        due = [j for j, (ts, wall) in pending_ticks.items() if wall <= now or (mark and ts <= mark)]
         for job in due:
             pending_ticks.pop(job, None)
-            tick = JobNotice(ts=now, job=job, node="-", kind="tick", fault_class="unknown", incident="-")
+            tick = JobNotice(ts=mark, job=job, node="-", kind="tick", fault_class="unknown", incident="-")
             await t_job_in.send(key=job.encode(), value=tick.to_json())
 
     # ------------------------------------------------------------------ actuation

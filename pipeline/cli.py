@@ -12,6 +12,8 @@
     fleetmedic eval-failures real failure output replayed through the job and node tracks, scored
     fleetmedic chaos       kills, a broker restart, a backend outage and fuzzing during a scenario
     fleetmedic bench       throughput, latency, scale-out and memory against a baseline consumer
+    fleetmedic record      write the input topics (telemetry and job events) to a recording (JSON Lines)
+    fleetmedic replay      send a recording to the input topics, paced by event time at any speed
     fleetmedic topics      create fleetmedic's topics on a broker
     fleetmedic schemas     write the JSON Schema files of every record
     fleetmedic config      print the effective configuration
@@ -409,6 +411,49 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_record(args: argparse.Namespace) -> int:
+    s = _settings(args)
+    from .recording import record_from_kafka, write
+
+    print(f"recording {', '.join(s.topic(t) for t in ('telemetry.gpu', 'telemetry.network', 'telemetry.job'))} "
+          f"from {s.kafka.bootstrap} for at most {args.seconds:g} s", file=sys.stderr)
+    recs = asyncio.run(record_from_kafka(s.kafka.bootstrap, s.kafka.topic_prefix, args.seconds,
+                                         idle_s=args.idle, from_beginning=not args.from_now))
+    n = write(args.out, recs)
+    span = recs[-1].ts - recs[0].ts if recs else 0.0
+    print(json.dumps({"out": str(args.out), "records": n, "event_span_s": span}))
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    s = _settings(args)
+    from .recording import RecordingError, read, replay_to_kafka
+    from .topics import ensure_topics
+
+    try:
+        recs = read(args.file)
+    except RecordingError as exc:
+        print(f"fleetmedic: {exc}", file=sys.stderr)
+        return 2
+    if args.speed < 0:
+        print(f"fleetmedic: --speed must be >= 0 (0: as fast as possible), got {args.speed:g}", file=sys.stderr)
+        return 2
+    speed = float("inf") if args.speed == 0 else args.speed
+    span = recs[-1].ts - recs[0].ts if recs else 0.0
+    print(f"replaying {len(recs)} records ({span:.0f} s of event time) into {s.kafka.bootstrap} "
+          f"(prefix {s.kafka.topic_prefix!r}) at {'full speed' if speed == float('inf') else f'{speed:g}x'}: "
+          f"about {0 if speed == float('inf') else span / speed:.0f} s", file=sys.stderr)
+    asyncio.run(ensure_topics(s))
+
+    def progress(k: int, n: int) -> None:
+        print(f"  {k}/{n} records sent", file=sys.stderr)
+
+    out = asyncio.run(replay_to_kafka(s.kafka.bootstrap, s.kafka.topic_prefix, recs, speed,
+                                      progress=progress if args.progress else None))
+    print(json.dumps(out))
+    return 0
+
+
 def cmd_topics(args: argparse.Namespace) -> int:
     s = _settings(args)
     from .topics import ensure_topics, topic_specs
@@ -593,6 +638,30 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "throughput.json"), help="JSON output path")
     sp.add_argument("--keep-running", action="store_true", help="leave the broker running afterwards")
     sp.set_defaults(func=cmd_bench)
+
+    sp = sub.add_parser(
+        "record", help="write the input topics (telemetry.gpu, telemetry.network, telemetry.job) to a recording",
+        description="Read fleetmedic's input topics (with the configured prefix) and write every record, in "
+                    "event-time order, as JSON Lines: {topic, key, ts, value}. Replay it with `fleetmedic replay`.")
+    sp.add_argument("--out", required=True, help="the recording file to write (JSON Lines)")
+    sp.add_argument("--seconds", type=float, default=60.0, help="read for at most this many wall seconds (default 60)")
+    sp.add_argument("--idle", type=float, default=5.0,
+                    help="stop once no record came for this many seconds (0: read all --seconds; default 5)")
+    sp.add_argument("--from-now", action="store_true", help="record new records only (default: from the beginning)")
+    sp.set_defaults(func=cmd_record)
+
+    sp = sub.add_parser(
+        "replay", help="send a recording to the input topics, paced by event time (--speed 100: 100x)",
+        description="Send the records of a recording (see `fleetmedic record`) to the input topics with the "
+                    "configured prefix, each at (its event time - the first's) / speed seconds after the start. "
+                    "The worker decides on event time, so every speed gives the same verdicts; event times are "
+                    "kept as recorded.")
+    sp.add_argument("file", help="the recording (JSON Lines: topic, key, ts, value)")
+    sp.add_argument("--speed", type=float, default=1.0,
+                    help="event seconds per wall second: 1 real time, 100 a hundred times faster, 0 as fast as "
+                         "possible (default 1)")
+    sp.add_argument("--progress", action="store_true", help="print a line every 1,000 records")
+    sp.set_defaults(func=cmd_replay)
 
     sp = sub.add_parser("topics", help="create fleetmedic's topics (idempotent)")
     sp.set_defaults(func=cmd_topics)

@@ -136,7 +136,18 @@ class DetectorSettings(_Section):
 
 class PolicySettings(_Section):
     correlation_grace_s: float = Field(
-        3.0, ge=0, le=600, description="wall seconds a job failure waits for node evidence before it is judged"
+        3.0, ge=0, le=600, description="event-time seconds after a job failure whose node evidence counts for it: "
+                                       "the failure is judged once telemetry of every partition has passed its "
+                                       "time plus this (or after correlation_wait_max_s of wall time)"
+    )
+    correlation_lag_s: float = Field(
+        2.0, ge=0, le=60, description="wall seconds a failure's judgement waits after the telemetry watermark passed "
+                                      "its grace (node evidence of that time is still on its way through the node "
+                                      "track)")
+    correlation_wait_max_s: float = Field(
+        30.0, ge=0, le=3600, description="wall-clock seconds a job failure waits at most for telemetry to reach the "
+                                         "end of its grace; past it (telemetry stalled or absent) it is judged on "
+                                         "the evidence at hand"
     )
     degrade_confirmations: int = Field(3, ge=1, description="degradation findings that make a node isolated")
     degrade_window_s: float = Field(600.0, gt=0, description="event-time window for degradation findings")

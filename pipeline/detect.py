@@ -19,7 +19,8 @@ import itertools
 import operator
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -1058,6 +1059,29 @@ class PeerDetection:
         self.free.extend(freed)
 
 
+class LaggedWatermark:
+    """A watermark as it was ``lag_s`` of wall time ago.
+
+    Records processed up to a watermark still have to pass through the later stages
+    (anomalies through the node track onto the notices of the job and switch tracks);
+    a tick that follows the watermark of a moment ago arrives after them.  Feed it
+    ``observe(wall, value)`` regularly (a monotonic wall clock); it answers the newest
+    value observed at least ``lag_s`` ago (0 until there is one).
+    """
+
+    def __init__(self, lag_s: float) -> None:
+        self.lag_s = lag_s
+        self.marks: deque[tuple[float, float]] = deque()  # (wall time, watermark), oldest first
+
+    def observe(self, wall: float, value: float) -> float:
+        marks = self.marks
+        marks.append((wall, value))
+        cutoff = wall - self.lag_s
+        while len(marks) > 1 and marks[1][0] <= cutoff:
+            marks.popleft()  # keep the newest mark at least lag_s old, and those after it
+        return marks[0][1] if marks[0][0] <= cutoff else 0.0
+
+
 class PartitionWatermark:
     """Event time that every partition of a topic has reached.
 
@@ -1072,10 +1096,10 @@ class PartitionWatermark:
         if idle_s <= 0:
             raise ValueError(f"idle_s must be > 0, got {idle_s}")
         self.idle_s = idle_s
-        self.newest: dict[int, float] = {}
+        self.newest: dict[Hashable, float] = {}
         self._value = 0.0
 
-    def update(self, partition: int, ts: float) -> None:
+    def update(self, partition: Hashable, ts: float) -> None:
         if ts > self.newest.get(partition, float("-inf")):
             self.newest[partition] = ts
 

@@ -85,6 +85,8 @@ def new_job_history(job: str) -> dict[str, Any]:
         "failures": [],
         "node_faults": {},
         "pending": None,
+        #: failures waiting for node evidence, oldest first: {attempt, ts, deadline_ts, deadline_wall}
+        "waiting": [],
         "retries": {"transient": 0, "user": 0, "unknown": 0},
         "decided": [],
     }
@@ -96,8 +98,10 @@ class Decision:
     node_notices: list[NodeNotice] = field(default_factory=list)
     job_notices: list[JobNotice] = field(default_factory=list)
     switch_notices: list[SwitchNotice] = field(default_factory=list)
-    #: wall-clock time at which the job track wants a ``tick`` for this job
+    #: wall-clock time at which the job track wants a ``tick`` for this job at the latest
     tick_at: float | None = None
+    #: event time (telemetry watermark) from which the job track wants that ``tick``
+    tick_ts: float | None = None
 
 
 def _verdict(
@@ -147,12 +151,26 @@ def _kept_failures(h: dict[str, Any]) -> list[tuple[float, str, tuple[float, boo
     return out
 
 
+def _job_at(h: dict[str, Any], ts: float) -> str | None:
+    """The job that ran on the node at event time ``ts``: the current one if it was placed
+    by then, else the one released last if ``ts`` falls within its stay.  Placements and
+    findings reach the node track on different topics, in either order; judged by event
+    time, a fault is told to the job it struck whichever came first."""
+    job = h.get("job")
+    if job and (h.get("job_since") or 0.0) <= ts:
+        return job
+    left = h.get("left")
+    if left and (left[1] or 0.0) <= ts <= left[2]:
+        return left[0]
+    return job
+
+
 def _isolate_node(
     h: dict[str, Any], node: str, ts: float, fault_class: FaultClass, evidence: dict[str, Any], *,
     confidence: float, incident: str, hard: bool, remedy: str | None = None,
 ) -> Decision:
     d = Decision()
-    job = h.get("job")
+    job = _job_at(h, ts)
     if hard or not job:
         actions = [
             (ActionName.isolate, node, {"reason": fault_class.value}),
@@ -218,7 +236,7 @@ def _escalate_node(h: dict[str, Any], node: str, a: Anomaly, key: str, reason: s
     incident = stable_id("node", node, "escalate", key, a.id)
     v = _verdict(ts=a.ts, incident=incident, scope="node", subject=node, fault_class=a.fault_class, confidence=0.6,
                  actions=[(ActionName.escalate, node, {"reason": reason, "gpu": a.gpu})],
-                 evidence={"anomalies": [a.id], **evidence}, job=h.get("job"), nodes=[node])
+                 evidence={"anomalies": [a.id], **evidence}, job=_job_at(h, a.ts), nodes=[node])
     return Decision(verdicts=[v])
 
 
@@ -238,7 +256,7 @@ def _node_on_xid(h: dict[str, Any], node: str, a: Anomaly, cfg: PolicySettings) 
     ev = a.evidence
     code = ev.get("xid", ev.get("sxid"))
     action = ev.get("action", "record")
-    job = h.get("job")
+    job = _job_at(h, a.ts)
     who = job or (f"pid:{ev['pid']}" if ev.get("pid") is not None else None)
     lo = a.ts - cfg.xid_window_s
     kept = [x for x in h.get("xids") or [] if x[0] >= lo]
@@ -336,18 +354,22 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
             )])
         return Decision()
     if n.kind == "placed":
-        h["job"] = n.job
+        h["job"], h["job_since"] = n.job, n.ts
         if h["state"] in OUT_OF_POOL and h.get("incident"):
             # The fault was seen before the placement was known here (the two arrive on
-            # different topics): tell the job now, so it is not blamed on its code.
+            # different topics): tell the job now, so it is not blamed on its code; stamped
+            # with the later of the two, so a fault that came after the placement (its
+            # telemetry ran ahead) is judged at its own time, not at the placement's.
             fc = FaultClass(h.get("fault_class") or FaultClass.unknown.value)
             return Decision(job_notices=[JobNotice(
-                ts=n.ts, job=n.job, node=node, kind="node_fault", fault_class=fc, incident=h["incident"],
+                ts=max(n.ts, h.get("since") or 0.0), job=n.job, node=node, kind="node_fault", fault_class=fc,
+                incident=h["incident"],
                 evidence={"state": h["state"], "since": h["since"]},
             )])
         return Decision()
     if n.kind == "released":
         if h.get("job") == n.job:
+            h["left"] = [n.job, h.get("job_since"), n.ts]
             h["job"] = None
         return Decision()
     if n.kind == "job_failed":
@@ -482,21 +504,66 @@ def _triage_of(failure: dict[str, Any]) -> dict[str, Any]:
 
 def _job_verdict(
     hist: dict[str, Any], ts: float, incident: str, fc: FaultClass, action: ActionName, confidence: float,
-    evidence: dict[str, Any], params: dict[str, Any] | None = None,
+    evidence: dict[str, Any], params: dict[str, Any] | None = None, failure: dict[str, Any] | None = None,
 ) -> Verdict:
+    """A verdict on the job; on ``failure``'s attempt and nodes when given (a failure judged
+    after the job's next attempt started is still about its own)."""
     job = hist["job"]
-    p = {"attempt": hist["attempt"], "scheduler": hist.get("scheduler", "sim"), **(params or {})}
+    attempt, nodes = (failure["attempt"], failure["nodes"]) if failure else (hist["attempt"], hist["nodes"])
+    p = {"attempt": attempt, "scheduler": hist.get("scheduler", "sim"), **(params or {})}
     return _verdict(
         ts=ts, incident=incident, scope="job", subject=job, fault_class=fc, confidence=confidence,
-        actions=[(action, job, p)], evidence=evidence, job=job, nodes=list(hist["nodes"]),
+        actions=[(action, job, p)], evidence=evidence, job=job, nodes=list(nodes),
     )
 
 
-def _recent_node_faults(hist: dict[str, Any], nodes: list[str], ts: float, horizon: float) -> dict[str, dict]:
-    """Faults and degradations reported on ``nodes`` within ``horizon`` seconds before ``ts``."""
+def _waiting(hist: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job's failures waiting for node evidence, oldest first (a failure kept in
+    ``pending`` by earlier versions joins them)."""
+    w = hist.setdefault("waiting", [])
+    p = hist.get("pending")
+    if p and p.get("kind") == "failure":
+        w.append({"attempt": p["attempt"], "ts": p["ts"], "deadline_ts": p.get("deadline_ts", p["ts"]),
+                  "deadline_wall": p.get("deadline_wall", 0.0)})
+        hist["pending"] = None
+    return w
+
+
+def waiting_failures(hist: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job's failures waiting for node evidence (read-only view), oldest first."""
+    w = list(hist.get("waiting") or [])
+    p = hist.get("pending")
+    if p and p.get("kind") == "failure":
+        w.append({"attempt": p["attempt"], "ts": p["ts"], "deadline_ts": p.get("deadline_ts", p["ts"]),
+                  "deadline_wall": p.get("deadline_wall", 0.0)})
+    return w
+
+
+def _failure_of(hist: dict[str, Any], attempt: int) -> dict[str, Any] | None:
+    return next((f for f in reversed(hist["failures"]) if f["attempt"] == attempt), None)
+
+
+def _settle(hist: dict[str, Any], attempt: int) -> None:
+    """The failure of ``attempt`` is judged: it waits no more, and its duplicates are ignored."""
+    hist["waiting"] = [w for w in _waiting(hist) if w["attempt"] != attempt]
+    hist["decided"] = (hist["decided"] + [attempt])[-MAX_KEPT:]
+
+
+def _next_tick(d: Decision, hist: dict[str, Any]) -> Decision:
+    """``d`` asking for a tick when the oldest waiting failure is due (if one waits)."""
+    w = _waiting(hist)
+    if w:
+        d.tick_ts, d.tick_at = w[0]["deadline_ts"], min(x["deadline_wall"] for x in w)
+    return d
+
+
+def _recent_node_faults(hist: dict[str, Any], nodes: list[str], ts: float, horizon: float,
+                        until: float = float("inf")) -> dict[str, dict]:
+    """Faults and degradations reported on ``nodes`` within ``horizon`` seconds before ``ts``
+    and no later than ``until`` (event time: evidence after a failure's grace is not its)."""
     return {
         n: f for n, f in hist["node_faults"].items()
-        if n in nodes and f["ts"] >= ts - horizon
+        if n in nodes and ts - horizon <= f["ts"] <= until
     }
 
 
@@ -509,12 +576,13 @@ def _decide_hardware(hist: dict[str, Any], ts: float, faults: dict[str, dict], f
     v = _job_verdict(
         hist, ts, first["incident"], fc, ActionName.requeue, 0.95 if blamed else 0.8,
         {"node_faults": blamed or faults, "failure": failure},
-        {"exclude": sorted(blamed), "from_checkpoint": True},
+        {"exclude": sorted(blamed), "from_checkpoint": True}, failure,
     )
-    hist["decided"] = (hist["decided"] + [hist["attempt"]])[-MAX_KEPT:]
-    hist["pending"] = None
-    hist["status"] = "requeued"
-    return Decision(verdicts=[v])
+    attempt = failure["attempt"] if failure else hist["attempt"]
+    _settle(hist, attempt)
+    if attempt == hist["attempt"]:
+        hist["status"] = "requeued"
+    return _next_tick(Decision(verdicts=[v]), hist)
 
 
 def _other_placement(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -536,7 +604,8 @@ def _suspect(failure: dict[str, Any]) -> str | None:
     return failure["nodes"][0] if len(failure["nodes"]) == 1 else None
 
 
-def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySettings) -> Decision:
+def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySettings,
+                                  failure: dict[str, Any] | None = None) -> Decision:
     """Judge a failure that no node evidence explained, from what its own output says
     (:mod:`pipeline.triage`) and from the job's history:
 
@@ -560,7 +629,7 @@ def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySe
     Failures whose output could be the node's fault are reported to each node of the job
     (``job_failed``, with the node where it began), for the node track's repeat rules.
     """
-    failure = hist["failures"][-1]
+    failure = failure or hist["failures"][-1]
     tri = _triage_of(failure)
     kind = tri["kind"]
     rule = tri["evidence"].get("rule", "?")
@@ -576,7 +645,8 @@ def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySe
         kind, rule = "user", "driver_application_xid"
     incident = stable_id("job", hist["job"], failure["attempt"])
     d = Decision()
-    previous = [f for f in hist["failures"][:-1] if f["signature"] == failure["signature"]]
+    before = next((k for k, f in enumerate(hist["failures"]) if f is failure), len(hist["failures"]) - 1)
+    previous = [f for f in hist["failures"][:before] if f["signature"] == failure["signature"]]
     suspect = _suspect(failure)
     ev = {"triage": tri["evidence"], "signature": failure["signature"], "reason": failure["reason"],
           "exit_code": failure["exit_code"], "node_anomalies": "none", "repeats": len(previous) + 1}
@@ -586,7 +656,7 @@ def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySe
     def verdict(fc: FaultClass | str, action: ActionName, confidence: float, decided_by: str,
                 params: dict[str, Any] | None = None) -> None:
         d.verdicts.append(_job_verdict(hist, ts, incident, FaultClass(fc), action, confidence,
-                                       {**ev, "decided_by": decided_by}, params))
+                                       {**ev, "decided_by": decided_by}, params, failure))
 
     elsewhere = [f for f in previous if _other_placement(f, failure)]
     move = {"exclude": [suspect] if suspect else [], "from_checkpoint": True}
@@ -635,9 +705,8 @@ def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySe
                            reason=failure["reason"], signature=failure["signature"],
                            job_nodes=max(1, len(failure["nodes"])), origin=n == origin)
             )
-    hist["decided"] = (hist["decided"] + [failure["attempt"]])[-MAX_KEPT:]
-    hist["pending"] = None
-    if hist["status"] != "stopped":
+    _settle(hist, failure["attempt"])
+    if hist["status"] != "stopped" and failure["attempt"] == hist["attempt"]:
         hist["status"] = "decided"
     return d
 
@@ -656,8 +725,10 @@ def job_on_event(hist: dict[str, Any], e: JobEvent, cfg: PolicySettings, wall_no
         hist["status"] = e.event.value
         return d
 
-    if e.attempt < hist["attempt"]:
-        return d  # a late event of an older attempt
+    waiting = _waiting(hist)
+    if e.attempt < hist["attempt"] and not (e.event is JobEventKind.failed and e.attempt not in hist["decided"]
+                                            and not any(w["attempt"] == e.attempt for w in waiting)):
+        return d  # a late event of an older attempt (but a failure not judged yet counts)
     hist["scheduler"] = e.scheduler
     if e.event is JobEventKind.started:
         old = set(hist["nodes"])
@@ -669,7 +740,7 @@ def job_on_event(hist: dict[str, Any], e: JobEvent, cfg: PolicySettings, wall_no
         for n in sorted(old - set(e.nodes)):
             d.node_notices.append(NodeNotice(ts=e.ts, node=n, kind="released", job=e.job, attempt=e.attempt))
         return d
-    if e.nodes:
+    if e.nodes and e.attempt >= hist["attempt"]:
         hist["nodes"] = list(e.nodes)
     hist["attempt"] = max(hist["attempt"], e.attempt)
     pend = hist["pending"]
@@ -690,18 +761,24 @@ def job_on_event(hist: dict[str, Any], e: JobEvent, cfg: PolicySettings, wall_no
             d.node_notices.append(NodeNotice(ts=e.ts, node=n, kind="released", job=e.job, attempt=e.attempt))
         return d
     # failed
-    if e.attempt in hist["decided"] or (pend and pend["kind"] == "failure" and pend["attempt"] == e.attempt):
+    if e.attempt in hist["decided"] or any(w["attempt"] == e.attempt for w in waiting):
         return d  # a duplicate of a failure already judged or being judged
     nodes = list(e.nodes or hist["nodes"])
     failure = failure_record(e, nodes)
     hist["failures"] = (hist["failures"] + [failure])[-MAX_KEPT:]
-    hist["status"] = "failed"
-    faults = _recent_node_faults(hist, nodes, e.ts, cfg.degrade_window_s)
-    if faults:
+    if e.attempt == hist["attempt"]:
+        hist["status"] = "failed"
+    faults = _recent_node_faults(hist, nodes, e.ts, cfg.degrade_window_s, until=e.ts + cfg.correlation_grace_s)
+    if faults and not waiting:
         return _decide_hardware(hist, e.ts, faults, failure)
-    hist["pending"] = {"kind": "failure", "attempt": e.attempt, "deadline_wall": wall_now + cfg.correlation_grace_s, "ts": e.ts}
-    d.tick_at = wall_now + cfg.correlation_grace_s
-    return d
+    # wait for node evidence up to the end of the grace, in event time: judged once the
+    # telemetry watermark passes it, or after correlation_wait_max_s of wall time at most.
+    # Failures of later attempts wait behind it (a fast replay or a quick restart can
+    # bring them before it is judged) and are judged in order.
+    waiting.append({"attempt": e.attempt, "ts": e.ts, "deadline_ts": e.ts + cfg.correlation_grace_s,
+                    "deadline_wall": wall_now + cfg.correlation_wait_max_s})
+    waiting.sort(key=lambda w: w["attempt"])
+    return _next_tick(d, hist)
 
 
 def _migrate(hist: dict[str, Any], ts: float, pend: dict[str, Any], *, reason: str) -> Decision:
@@ -730,12 +807,18 @@ def job_on_notice(hist: dict[str, Any], n: JobNotice, cfg: PolicySettings, wall_
     }
     pend = hist["pending"]
     if n.kind in ("node_fault", "fabric"):
-        if pend and pend["kind"] == "failure" and n.node in hist["failures"][-1]["nodes"]:
-            faults = _recent_node_faults(hist, hist["failures"][-1]["nodes"], pend["ts"], cfg.degrade_window_s)
+        # only the oldest waiting failure is judged at once (the job's verdicts come out in
+        # the order of its attempts); later ones find the evidence when their turn comes
+        w = next(iter(_waiting(hist)), None)
+        failure = _failure_of(hist, w["attempt"]) if w else None
+        if w and failure and n.node in failure["nodes"]:
+            faults = _recent_node_faults(hist, failure["nodes"], w["ts"], cfg.degrade_window_s, until=w["deadline_ts"])
             if faults:
-                return _decide_hardware(hist, n.ts, faults, hist["failures"][-1])
-            # a notice about a fault long before this failure (older than the window) is
-            # not evidence for it: the failure waits for its grace as if it had not come
+                # stamped with the failure's time, as when the evidence came before it: the
+                # verdict is the same whichever arrived first
+                return _decide_hardware(hist, w["ts"], faults, failure)
+            # a notice about a fault long before this failure (older than the window) or
+            # after its grace is not evidence for it: it waits as if it had not come
         return Decision()
     # node_degrading: move the job off the node at its next checkpoint (or deadline)
     if hist["status"] == "running" and n.node in hist["nodes"] and not pend:
@@ -747,12 +830,28 @@ def job_on_notice(hist: dict[str, Any], n: JobNotice, cfg: PolicySettings, wall_
 
 
 def job_on_tick(hist: dict[str, Any], cfg: PolicySettings, wall_now: float, ts: float) -> Decision:
-    pend = hist["pending"]
-    if not pend or pend["kind"] != "failure":
-        return Decision()
-    if wall_now < pend["deadline_wall"]:
-        return Decision(tick_at=pend["deadline_wall"])
-    return _decide_without_node_evidence(hist, max(ts, pend["ts"]), cfg)
+    """Time passed for the job: ``ts`` is the telemetry watermark (event time every
+    telemetry partition has reached), ``wall_now`` the wall clock.  A failure waiting for
+    node evidence is judged when the watermark has passed the end of its grace, or when
+    it has waited its longest in wall time; its verdicts are stamped with the grace's end
+    (event time), so a replay at any speed stamps them alike."""
+    d = Decision()
+    waiting = _waiting(hist)
+    while waiting:
+        w = waiting[0]
+        if ts < w["deadline_ts"] and wall_now < w["deadline_wall"]:
+            break
+        failure = _failure_of(hist, w["attempt"])
+        if failure is None:  # forgotten (beyond MAX_KEPT): nothing to judge
+            _settle(hist, w["attempt"])
+        else:
+            faults = _recent_node_faults(hist, failure["nodes"], w["ts"], cfg.degrade_window_s, until=w["deadline_ts"])
+            got = (_decide_hardware(hist, w["ts"], faults, failure) if faults
+                   else _decide_without_node_evidence(hist, w["deadline_ts"], cfg, failure))
+            d.verdicts += got.verdicts
+            d.node_notices += got.node_notices
+        waiting = _waiting(hist)
+    return _next_tick(d, hist)
 
 
 # ---------------------------------------------------------------------------- switch track

@@ -5,7 +5,7 @@ glue of :mod:`pipeline.detect` and the policy of :mod:`pipeline.policy`) with in
 state and an in-memory queue for the notices between the node and job tracks.  It is
 for replaying a scenario quickly and deterministically: comparing backends, evaluating
 scenarios at scale, and checking that the in-process path gives the pipeline's verdicts.
-Wall-clock waits (the correlation grace) follow the records' event time here.
+Its clock is the records' event time (the correlation grace runs on it, as in the worker).
 """
 
 from __future__ import annotations
@@ -128,8 +128,8 @@ class LocalPipeline:
                     d = policy.job_on_event(hist, rec, self.s.policy, self.now)
                 else:
                     d = policy.job_on_notice(hist, rec, self.s.policy, self.now)
-                if d.tick_at is not None:
-                    self.ticks[rec.job] = d.tick_at
+                if d.tick_ts is not None:  # this clock is the records' event time
+                    self.ticks[rec.job] = d.tick_ts
                 self._apply(d)
 
     def _apply(self, d: policy.Decision) -> None:

@@ -138,6 +138,8 @@ class Worker:
             "FLEETMEDIC_ACTUATORS__BACKEND": "sim",
             "FLEETMEDIC_ACTUATORS__SIM_URL": sim_url,
             "FLEETMEDIC_POLICY__CORRELATION_GRACE_S": "1.5",
+            # job events without telemetry after them are judged on the wall clock this soon
+            "FLEETMEDIC_POLICY__CORRELATION_WAIT_MAX_S": "4",
             **(env or {}),
         }
         self.settings = load_settings(environ=self.env)

@@ -44,7 +44,7 @@ def _judged(hist: dict, cfg: PolicySettings, ts: float, attempt: int = 1, **deta
     """A failure with no node evidence, judged once the grace has passed."""
     waiting = _fail(hist, cfg, ts, attempt, **detail)
     assert waiting.verdicts == []
-    return job_on_tick(hist, cfg, WALL + GRACE, ts)
+    return job_on_tick(hist, cfg, WALL + 1, ts + GRACE)  # the telemetry watermark passed the grace
 
 
 def _only(d):
@@ -75,9 +75,34 @@ def test_a_failure_without_node_evidence_waits_for_the_grace(cfg) -> None:
     hist = _running(cfg)
     d = _fail(hist, cfg, T0 + 6, **NCCL)
     assert d.verdicts == [] and d.node_notices == []
-    assert d.tick_at == WALL + GRACE
-    early = job_on_tick(hist, cfg, WALL + GRACE / 2, T0 + 7)
-    assert early.verdicts == [] and early.tick_at == WALL + GRACE
+    # it waits in event time (the telemetry watermark) and, at most, a while of wall time
+    assert (d.tick_ts, d.tick_at) == (T0 + 6 + GRACE, WALL + cfg.correlation_wait_max_s)
+    early = job_on_tick(hist, cfg, WALL + cfg.correlation_wait_max_s / 2, T0 + 6 + GRACE - 0.1)
+    assert early.verdicts == [] and (early.tick_ts, early.tick_at) == (d.tick_ts, d.tick_at)
+    # however slowly or quickly the wall clock went, the watermark's passing judges it,
+    # stamped with the end of the grace
+    v, _ = _only(job_on_tick(hist, cfg, WALL + 0.001, T0 + 6 + GRACE))
+    assert v.ts == T0 + 6 + GRACE
+
+
+def test_a_failure_is_judged_on_the_wall_clock_when_telemetry_stalls(cfg) -> None:
+    hist = _running(cfg)
+    _fail(hist, cfg, T0 + 6, **NCCL)
+    assert job_on_tick(hist, cfg, WALL + cfg.correlation_wait_max_s - 1, 0.0).verdicts == []
+    v, _ = _only(job_on_tick(hist, cfg, WALL + cfg.correlation_wait_max_s, 0.0))
+    assert v.ts == T0 + 6 + GRACE and v.fault_class is FaultClass.unknown
+
+
+def test_node_evidence_after_the_grace_in_event_time_is_not_the_failures(cfg) -> None:
+    # a node fault stamped after the failure's grace reached the job track before the tick
+    # (its node's telemetry ran ahead of the others'): at any replay speed it is not evidence
+    hist = _running(cfg)
+    _fail(hist, cfg, T0 + 6, **NCCL)
+    late = job_notice(JOB, "node-0001", "node_fault", T0 + 6 + GRACE + 1, incident="inc-later",
+                      fault_class=FaultClass.gpu_memory)
+    assert job_on_notice(hist, late, cfg, WALL + 1).verdicts == []
+    v, _ = _only(job_on_tick(hist, cfg, WALL + 2, T0 + 6 + GRACE))
+    assert v.fault_class is FaultClass.unknown
 
 
 def test_an_nccl_timeout_without_node_evidence_is_unknown_run_once_more_elsewhere_and_counted_against_each_node(
@@ -247,3 +272,40 @@ def test_diagnostics_job_events_become_diagnostics_notices_for_the_node(cfg) -> 
     kinds.append((n.node, n.kind))
     assert kinds == [("node-0003", "diag_started"), ("node-0003", "diag_passed"), ("node-0003", "diag_failed")]
     assert n.reason == "dcgmi diag -r 2: fail"
+
+
+def _user_bug_twice(cfg: PolicySettings, fast: bool) -> list[tuple]:
+    """A user's bug fails attempt 1 at T0+20; attempt 2 starts at T0+30 and fails at T0+50.
+    Slow: each failure is judged (the watermark passed its grace) before the next event.
+    Fast (a replay at high speed): every event arrives before the first judgement."""
+    hist = _running(cfg)
+    out = []
+    _fail(hist, cfg, T0 + 20, **TRACEBACK)
+    if not fast:
+        out += job_on_tick(hist, cfg, WALL, T0 + 20 + GRACE).verdicts
+    _running(cfg, attempt=2, hist=hist, ts=T0 + 30)
+    waiting = _fail(hist, cfg, T0 + 50, attempt=2, **TRACEBACK)
+    if fast:
+        assert waiting.tick_ts == T0 + 20 + GRACE  # the older failure is due first
+    out += job_on_tick(hist, cfg, WALL, T0 + 50 + GRACE).verdicts
+    return [(v.ts, v.id, v.fault_class, [(a.action, a.params) for a in v.actions], v.nodes) for v in out]
+
+
+def test_failures_judged_late_are_judged_in_order_as_if_on_time(cfg) -> None:
+    slow, fast = _user_bug_twice(cfg, fast=False), _user_bug_twice(cfg, fast=True)
+    assert slow == fast
+    assert [(x[2], x[3][0][0], x[3][0][1]["attempt"]) for x in slow] == [
+        (FaultClass.user_error, ActionName.retry, 1), (FaultClass.user_error, ActionName.stop, 2)]
+
+
+def test_a_later_failure_with_node_evidence_waits_behind_an_older_one(cfg) -> None:
+    # attempt 1 fails without evidence; before it is judged, attempt 2 fails on a node
+    # whose fault is known: the verdicts still come in the order of the attempts
+    hist = _running(cfg)
+    _fail(hist, cfg, T0 + 20, **NCCL)
+    _running(cfg, attempt=2, hist=hist, ts=T0 + 30)
+    job_on_notice(hist, job_notice(JOB, "node-0002", "node_fault", T0 + 40, incident="inc-79"), cfg, WALL)
+    assert _fail(hist, cfg, T0 + 41, attempt=2, exit_code=1).verdicts == []
+    d = job_on_tick(hist, cfg, WALL, T0 + 41 + GRACE)
+    assert [(v.fault_class, v.actions[0].params["attempt"], v.ts) for v in d.verdicts] == [
+        (FaultClass.unknown, 1, T0 + 20 + GRACE), (FaultClass.gpu_hardware, 2, T0 + 41)]

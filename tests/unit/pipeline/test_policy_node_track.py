@@ -274,3 +274,26 @@ def test_failures_kept_in_the_older_shape_still_count_their_blame_and_never_as_b
     h["failed_jobs"] = [[T0, "job-a", "sig", 0.01], [T0 + 10, "job-a", "sig", 0.01]]
     d = node_on_notice(h, node_notice(NODE, "job_failed", "job-a", T0 + 20, job_nodes=100, origin=True), cfg)
     assert d.verdicts == []  # one failure begun here, the older two not
+
+
+def test_a_fault_is_told_to_the_job_it_struck_whether_the_release_came_first_or_not(cfg) -> None:
+    # the job ran here from T0 to T0 + 100; a GPU fell off the bus at T0 + 99.  The release
+    # (job topic) and the finding (telemetry) reach the node track in either order.
+    def told(release_first: bool) -> list[tuple]:
+        h = new_node_health()
+        node_on_notice(h, node_notice(NODE, "placed", JOB, ts=T0), cfg)
+        release = node_notice(NODE, "released", JOB, ts=T0 + 100)
+        if release_first:
+            node_on_notice(h, release, cfg)
+        d = node_on_anomaly(h, critical_gpu_lost(NODE, T0 + 99), cfg)
+        if not release_first:
+            node_on_notice(h, release, cfg)
+        return [(n.job, n.kind, n.ts) for n in d.job_notices] + [(v.job, v.incident) for v in d.verdicts]
+
+    assert told(True) == told(False)
+    assert told(True)[0] == (JOB, "node_fault", T0 + 99)
+    # a fault after the job left is not its
+    h = new_node_health()
+    node_on_notice(h, node_notice(NODE, "placed", JOB, ts=T0), cfg)
+    node_on_notice(h, node_notice(NODE, "released", JOB, ts=T0 + 100), cfg)
+    assert node_on_anomaly(h, critical_gpu_lost(NODE, T0 + 101), cfg).job_notices == []
