@@ -53,7 +53,15 @@ from . import faust_fixes  # noqa: F401  (patches two record-loss races in Faust
 from . import policy
 from .actuate import Actuation, BackendRouter
 from .config import Settings, state_dir
-from .detect import GpuDetection, LaggedWatermark, NetworkDetection, PartitionWatermark, PeerDetection, late_reason
+from .detect import (
+    GpuDetection,
+    LaggedWatermark,
+    NetworkDetection,
+    PartitionWatermark,
+    PeerDetection,
+    late_reason,
+    readiness,
+)
 from .topics import topic_specs
 
 log = logging.getLogger("fleetmedic")
@@ -739,14 +747,57 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     # ------------------------------------------------------------------ web views
 
-    @app.page("/fleetmedic/ready")
-    async def ready(web: Any, request: Any) -> Any:
+    started_at = time.time()
+
+    @app.page("/healthz")
+    async def healthz(web: Any, request: Any) -> Any:
+        """Alive: the event loop answers (for a liveness probe)."""
+        return web.json({"ok": True, "uptime_s": round(time.time() - started_at, 1)})
+
+    async def lags() -> dict[str, int | None]:
+        """Records left to read per assigned partition of the Faust consumer (its agents'
+        topics; not table changelogs) and of the batch telemetry consumer."""
+        out: dict[str, int | None] = {}
+        c = app.consumer
+        for tp in (c.assignment() if c is not None else ()):
+            if tp.topic.endswith("-changelog"):
+                continue
+            try:
+                hw, read = c.highwater(tp), c._read_offset.get(tp)
+                out[f"{tp.topic}:{tp.partition}"] = None if hw is None else hw - (read + 1 if read is not None else 0)
+            except Exception:  # a partition being revoked
+                out[f"{tp.topic}:{tp.partition}"] = None
+        tc = state.get("telemetry_consumer")
+        for tp in (tc.assignment() if tc is not None else ()):
+            hw = tc.highwater(tp)
+            try:
+                pos = await tc.position(tp)
+            except Exception:
+                pos = None
+            out[f"{tp.topic}:{tp.partition}"] = None if hw is None or pos is None else hw - pos
+        return out
+
+    async def ready_state() -> dict[str, Any]:
         assigned = bool(app.consumer.assignment()) if app.consumer is not None else False
         tc = state.get("telemetry_consumer")
         if tc is not None:
             assigned = assigned and bool(tc.assignment())
-        ok = assigned and not app.rebalancing
-        return web.json({"ready": ok, "assigned": assigned}, status=200 if ok else 503)
+        return readiness(assigned=assigned, rebalancing=bool(app.rebalancing), lags=await lags(),
+                         max_lag=s.worker.ready_max_lag)
+
+    @app.page("/readyz")
+    async def readyz(web: Any, request: Any) -> Any:
+        """Ready: partitions assigned, no rebalance, and caught up (at most worker.ready_max_lag
+        records left to read)."""
+        r = await ready_state()
+        return web.json(r, status=200 if r["ready"] else 503)
+
+    @app.page("/fleetmedic/ready")
+    async def ready(web: Any, request: Any) -> Any:
+        """Assigned and not rebalancing, caught up or not (the tools that start workers wait on it)."""
+        r = await ready_state()
+        ok = r["assigned"] and not r["rebalancing"]
+        return web.json({**r, "ready": ok}, status=200 if ok else 503)
 
     @app.page("/fleetmedic/release")
     class ReleaseTelemetry(faust.web.View):

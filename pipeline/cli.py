@@ -14,6 +14,7 @@
     fleetmedic bench       throughput, latency, scale-out and memory against a baseline consumer
     fleetmedic record      write the input topics (telemetry and job events) to a recording (JSON Lines)
     fleetmedic replay      send a recording to the input topics, paced by event time at any speed
+    fleetmedic contract    write docs/contract.md from the code
     fleetmedic topics      create fleetmedic's topics on a broker
     fleetmedic schemas     write the JSON Schema files of every record
     fleetmedic config      print the effective configuration
@@ -106,6 +107,11 @@ def _kafka(cmd: str, env: dict[str, str]) -> str:
     return lines[-1] if lines else ""
 
 
+#: the demo's detector windows, for its time-compressed degradations (1 s samples)
+DEMO_WINDOWS = {"FLEETMEDIC_DETECTORS__WINDOW_S": "600", "FLEETMEDIC_DETECTORS__RECENT_S": "60",
+                "FLEETMEDIC_DETECTORS__BUCKET_S": "5", "FLEETMEDIC_DETECTORS__THROTTLE_WINDOW_S": "60"}
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Kafka + worker + simulator, a live log, and a JSON summary as the last line."""
     _logging("warning")
@@ -132,6 +138,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         # its breaker allows a quarter of the small fleet per hour instead of a tenth.
         "FLEETMEDIC_SAFETY__MAX_FRACTION": os.environ.get("FLEETMEDIC_SAFETY__MAX_FRACTION", "0.25"),
     }
+    # The simulator compresses degradations that take hours in the field into minutes of
+    # simulated time (sampled every second); the demo's rate and throttle windows are
+    # compressed alike (the field defaults are window_s 3600, recent_s 300 at 30 s buckets).
+    for key, value in DEMO_WINDOWS.items():
+        overrides[key] = os.environ.get(key, value)
+    if args.bootstrap and "FLEETMEDIC_KAFKA__APP_ID" not in env:
+        # a broker of one's own: its tables and consumer groups must not be another
+        # worker's (a demo earlier on the same broker would hand over its node states)
+        import uuid
+
+        overrides["FLEETMEDIC_KAFKA__APP_ID"] = f"fleetmedic-demo-{uuid.uuid4().hex[:8]}"
     wenv = {**env, **overrides}
     s = load_settings(args.config, environ=wenv)
     state.mkdir(parents=True, exist_ok=True)
@@ -140,6 +157,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     asyncio.run(ensure_topics(s))
     print(f"fleetmedic demo: Kafka at {bootstrap}; worker log in {worker_log}", file=sys.stderr)
+    print(f"fleetmedic demo: detector windows compressed like the simulated degradations: window_s "
+          f"{s.detectors.window_s:g}, recent_s {s.detectors.recent_s:g}, bucket_s {s.detectors.bucket_s:g}, "
+          f"throttle_window_s {s.detectors.throttle_window_s:g} (field defaults 3600/300/30/300)", file=sys.stderr)
     print(f"fleetmedic demo: read verdicts with: kcat -b {bootstrap} -t {s.topic('verdicts')} -C -e", file=sys.stderr)
     web = f"http://127.0.0.1:{overrides['FLEETMEDIC_WORKER__WEB_PORT']}"
     print(f"fleetmedic demo: dashboard at {web}/dashboard (operator API {web}/api/v1, metrics {web}/metrics)",
@@ -454,6 +474,23 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_contract(args: argparse.Namespace) -> int:
+    from .contract import DOC, render
+
+    text = render()
+    if args.check:
+        current = DOC.read_text() if DOC.exists() else ""
+        if current != text:
+            print(f"fleetmedic: {DOC} is stale: run `fleetmedic contract`", file=sys.stderr)
+            return 1
+        print(f"{DOC} is up to date")
+        return 0
+    out = Path(args.out) if args.out else DOC
+    out.write_text(text)
+    print(out)
+    return 0
+
+
 def cmd_topics(args: argparse.Namespace) -> int:
     s = _settings(args)
     from .topics import ensure_topics, topic_specs
@@ -662,6 +699,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "possible (default 1)")
     sp.add_argument("--progress", action="store_true", help="print a line every 1,000 records")
     sp.set_defaults(func=cmd_replay)
+
+    sp = sub.add_parser("contract", help="write docs/contract.md (clocks, params, evidence, rules, metrics, "
+                                         "endpoints, breaker) from the code",
+                        description="Generate the integration contract from the code's registries and tables.")
+    sp.add_argument("--out", help="write here instead of docs/contract.md")
+    sp.add_argument("--check", action="store_true", help="exit 1 when docs/contract.md is not what would be written")
+    sp.set_defaults(func=cmd_contract)
 
     sp = sub.add_parser("topics", help="create fleetmedic's topics (idempotent)")
     sp.set_defaults(func=cmd_topics)

@@ -69,6 +69,9 @@ class WorkerSettings(_Section):
     batch_within_s: float = Field(0.2, gt=0, le=60, description="longest wait for the first record of a batch")
     batch_linger_s: float = Field(0.02, ge=0, le=10, description="after the first record, how long a batch may wait for more")
     commit_interval_s: float = Field(1.0, gt=0, le=60, description="telemetry offsets are committed this often (after their anomalies are sent)")
+    ready_max_lag: int = Field(
+        10000, ge=0, description="/readyz: records a worker may have left to read on its partitions (input and "
+                                 "internal topics) and still be ready (caught up)")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     stream_buffer_maxsize: int = Field(16384, ge=1, description="Faust: events buffered per stream before the fetcher pauses")
     max_poll_records: int = Field(5000, ge=1, description="Faust: records returned by one poll of the consumer")

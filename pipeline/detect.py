@@ -1059,6 +1059,18 @@ class PeerDetection:
         self.free.extend(freed)
 
 
+def readiness(*, assigned: bool, rebalancing: bool, lags: dict[str, int | None], max_lag: int) -> dict[str, Any]:
+    """What ``/readyz`` answers: ready when the consumers have partitions, no rebalance is
+    under way, and the records left to read on them (``lags``: per topic-partition, None
+    where not known yet) are at most ``max_lag``."""
+    known = [v for v in lags.values() if v is not None]
+    lag = sum(max(0, v) for v in known)
+    caught_up = lag <= max_lag
+    return {"ready": assigned and not rebalancing and caught_up, "assigned": assigned, "rebalancing": rebalancing,
+            "caught_up": caught_up, "lag_records": lag, "max_lag": max_lag,
+            "partitions": len(lags), "partitions_unknown": len(lags) - len(known)}
+
+
 class LaggedWatermark:
     """A watermark as it was ``lag_s`` of wall time ago.
 

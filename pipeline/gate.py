@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: routes anyone who reaches the port may read
 PUBLIC = frozenset({("GET", "/fleetmedic/ready"), ("HEAD", "/fleetmedic/ready"), ("GET", "/dashboard"),
-                    ("GET", "/api/v1/auth")})
+                    ("GET", "/api/v1/auth"), ("GET", "/healthz"), ("HEAD", "/healthz"), ("GET", "/readyz"),
+                    ("HEAD", "/readyz")})
 #: the worker's own routes and the role each needs when sign-in is on
 WORKER_ROUTES = {"/fleetmedic/stats": "viewer", "/fleetmedic/release": "operator", "/metrics": "viewer"}
 SECURITY_HEADERS = {

@@ -174,3 +174,28 @@ def test_redelivered_and_late_samples_have_counters_and_late_ones_a_dead_letter(
         time.sleep(0.5)
     # only this node's records are redelivered or late here; other tests' records may still count as ok
     assert (got["duplicate"], got["late"]) == (2, 1) and got["ok"] >= 3, got
+
+
+def test_healthz_answers_and_readyz_says_caught_up_once_the_backlog_is_read(loop):
+    import urllib.request
+
+    bootstrap, worker, api = loop
+    port = worker.env["FLEETMEDIC_WORKER__WEB_PORT"]
+
+    def get(path: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    status, body = get("/healthz")
+    assert status == 200 and body["ok"] is True
+    deadline = time.monotonic() + 30
+    while True:
+        status, body = get("/readyz")
+        if status == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert status == 200, body
+    assert body["assigned"] and body["caught_up"] and body["lag_records"] <= body["max_lag"] and body["partitions"] > 0

@@ -392,3 +392,14 @@ def test_a_telemetry_gap_neither_raises_nor_hides_a_rate() -> None:
     found = [a for a in det.process(after) if a.kind == "ecc_sbe_rate"]
     assert found and found[0].ts - (T0 + 4800.0) <= 300.0
     assert found[0].evidence["baseline_count"] == 0.0
+
+
+def test_readiness_needs_partitions_no_rebalance_and_a_caught_up_consumer() -> None:
+    from pipeline.detect import readiness
+
+    lags = {"gpu:0": 10, "gpu:1": None, "job:0": 0}
+    r = readiness(assigned=True, rebalancing=False, lags=lags, max_lag=10)
+    assert (r["ready"], r["caught_up"], r["lag_records"], r["partitions_unknown"]) == (True, True, 10, 1)
+    assert not readiness(assigned=True, rebalancing=False, lags={**lags, "gpu:1": 1}, max_lag=10)["ready"]
+    assert not readiness(assigned=True, rebalancing=True, lags=lags, max_lag=10)["ready"]
+    assert not readiness(assigned=False, rebalancing=False, lags={}, max_lag=10)["ready"]
