@@ -770,10 +770,12 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
 
     for f in transient:
         # run again (retry in place, or on new nodes when the output names no cause), never
-        # stopped, and no node of the job isolated for it
+        # stopped, and no node of the job isolated for it (a node isolated later for a
+        # fault injected on it is not isolated for this one)
         v = first_job_verdict(f)
         if v is not None and v["actions"][0]["action"] in ("retry", "restart", "requeue") \
-                and not any(n in isolations and isolations[n] >= f.at - 1 for n in v.get("nodes", [])):
+                and not any(n in isolations and isolations[n] >= f.at - 1 and n not in faulty
+                            for n in v.get("nodes", [])):
             retried_ok += 1
     user = [f for f in faults if f.kind == "user_bug"]
     stopped = sum(1 for f in user if any(v.get("subject") == f.job and v["actions"][0]["action"] == "stop" for v in verdicts))
