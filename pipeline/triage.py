@@ -216,10 +216,13 @@ CUDA_MESSAGES = (
 #: what each CUDA error says: (kind, fault class, strong)
 CUDA_KIND: dict[str, tuple[Kind, FaultClass, bool]] = {
     "cudaErrorMemoryAllocation": ("user", FaultClass.user_error, True),
-    "cudaErrorIllegalAddress": ("user", FaultClass.user_error, False),
+    # an illegal address or instruction is what NVIDIA's Xid 13 and 31 report: "the
+    # application's unless it repeats on the same GPU"; only a run elsewhere tells the two
+    # apart, and a user's bug that fails the same way there is stopped at its second attempt
+    "cudaErrorIllegalAddress": ("suspect", FaultClass.unknown, False),
     "cudaErrorAssert": ("user", FaultClass.user_error, True),
     "cudaErrorMisalignedAddress": ("user", FaultClass.user_error, True),
-    "cudaErrorIllegalInstruction": ("user", FaultClass.user_error, False),
+    "cudaErrorIllegalInstruction": ("suspect", FaultClass.unknown, False),
     "cudaErrorInvalidDeviceFunction": ("user", FaultClass.user_error, True),
     "cudaErrorNoKernelImageForDevice": ("user", FaultClass.user_error, True),
     "cudaErrorInvalidDevice": ("user", FaultClass.user_error, True),

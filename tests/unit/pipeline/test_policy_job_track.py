@@ -309,3 +309,31 @@ def test_a_later_failure_with_node_evidence_waits_behind_an_older_one(cfg) -> No
     d = job_on_tick(hist, cfg, WALL, T0 + 41 + GRACE)
     assert [(v.fault_class, v.actions[0].params["attempt"], v.ts) for v in d.verdicts] == [
         (FaultClass.unknown, 1, T0 + 20 + GRACE), (FaultClass.gpu_hardware, 2, T0 + 41)]
+
+
+#: pytorch/pytorch#34220 (2020-03-04), as posted: the user's own model code fails the same
+#: way whenever the batch size is above 1 (a program's bug, not the GPU's)
+ILLEGAL_ADDRESS = dict(exit_code=1, reason="exit code 1", log_tail=(
+    "Traceback (most recent call last):\n"
+    '  File "/home/penuoz/Celldetection/train.py", line 34, in <module>\n'
+    "    loss_tmp += np.array(model.get_current_losses())\n"
+    '  File "/home/penuoz/Celldetection/models/base_model.py", line 152, in get_current_losses\n'
+    "    errors_ret.append(float(getattr(self, 'loss_' + name)))  # float(...) works for both scalar tensor and float number\n"
+    "RuntimeError: CUDA error: an illegal memory access was encountered\n"))
+
+
+def test_an_illegal_memory_access_runs_once_elsewhere_and_a_users_bug_is_then_stopped(cfg) -> None:
+    # NVIDIA's Xid 13/31 guidance: the application's unless it repeats on the same GPU; only
+    # a run on other nodes tells a failing board from a bad kernel
+    hist = _running(cfg)
+    v1, a1 = _only(_judged(hist, cfg, T0 + 20, origin_node=NODES[0], **ILLEGAL_ADDRESS))
+    assert a1.action is ActionName.requeue and a1.params["exclude"] == [NODES[0]]
+    assert v1.evidence["decided_by"] == "cuda_error_ambiguous"
+    # the user's bug fails the same way on new nodes: stopped at its second attempt
+    job_on_event(hist, job_event(JOB, "started", T0 + 30, nodes=["node-0101", "node-0102"], attempt=2), cfg, WALL)
+    waiting = job_on_event(hist, job_event(JOB, "failed", T0 + 60, nodes=["node-0101", "node-0102"], attempt=2,
+                                           origin_node="node-0101", **ILLEGAL_ADDRESS), cfg, WALL)
+    assert waiting.verdicts == []
+    v2, a2 = _only(job_on_tick(hist, cfg, WALL, T0 + 60 + GRACE))
+    assert a2.action is ActionName.stop and v2.fault_class is FaultClass.user_error
+    assert v2.evidence["decided_by"] == "same_failure_on_other_nodes"
