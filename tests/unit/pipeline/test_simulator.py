@@ -130,3 +130,20 @@ def test_score_does_not_count_isolating_a_faulty_node_as_false() -> None:
     result = score(c, verdicts=[], actions=[])
     assert result["false_isolations"] == 0
     assert result["faults_injected"] == 1
+
+
+def test_a_transient_faults_rerun_is_not_spoiled_by_a_later_fault_injected_on_one_of_its_nodes() -> None:
+    from pipeline.simulator import Fault
+
+    c = _cluster()
+    transient = Fault(kind="nccl_timeout", at=10.0, job="train-0001", applied_ts=c.t0 + 10)
+    c.faults = [transient]
+    rerun = {"scope": "job", "subject": "train-0001", "ts": c.t0 + 12, "fault_class": "unknown",
+             "actions": [{"action": "requeue", "target": "train-0001", "params": {}}],
+             "nodes": ["node-0001", "node-0002"]}
+    c.events.append({"t": 60.0, "isolated": "node-0002"})
+    # node-0002 isolated later with no fault of its own: isolated for the transient fault
+    assert score(c, verdicts=[rerun], actions=[])["transient_faults_retried"] == 0
+    # ... but with an Xid 79 injected on it, that isolation is its own fault's
+    c.faults.append(Fault(kind="xid79", at=50.0, node="node-0002", applied_ts=c.t0 + 50))
+    assert score(c, verdicts=[rerun], actions=[])["transient_faults_retried"] == 1
