@@ -337,6 +337,10 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             except DecodeError as exc:
                 await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, exc.reason)
         stats["telemetry"] += len(msgs)
+        task = state.get("refit_task")
+        if detection is net_detection and samples and task is not None and not task.done() \
+                and net_detection.waits_for(max(x.ts for x in samples)):
+            await asyncio.shield(task)  # the stream reached the event time of a fit still running
         t1 = time.perf_counter()
         timing["decode_s"] += t1 - t0
         try:
@@ -387,25 +391,31 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         for x, part in zip(samples, parts):
             net_watermark.update(part, x.ts)
         state["net_watermark"] = net_watermark.value
-        refit_network(max(net_watermark.newest.values()))  # the newest network event time seen
+        refit_network(net_watermark.value)
 
-    def refit_network(now: float) -> None:
-        """Fit the fabric model in a worker thread when due; the stream never waits for it."""
-        if state.get("refitting") or not net_detection.refit_due(now):
+    def refit_network(watermark: float) -> None:
+        """Fit the fabric model in a worker thread when the network watermark passes a fit's
+        grid point (event time: every replay speed fits on the same windows, and the model
+        scores from the same event time on); the stream waits only when it reaches that
+        time before the fit is done."""
+        if state.get("refitting"):
+            return
+        at = net_detection.refit_due(watermark)
+        if at is None:
             return
         state["refitting"] = True
-        rows = net_detection.training_rows()
+        rows = net_detection.training_rows(at)
+        net_detection.begin(at)
 
         async def fit() -> None:
             try:
                 t0 = time.perf_counter()
                 model = await asyncio.to_thread(net_detection.fit_model, rows)
-                net_detection.install(model, now)
+                net_detection.install(model, at)
                 log.info("fabric model %s fitted on %d port windows in %.2fs (threshold %.3f)",
                          model.name, model.fitted_rows, time.perf_counter() - t0, model.threshold)
             except Exception:
                 log.exception("fabric model fit failed; scoring goes on with the previous model")
-                net_detection.fitted_at = now
             finally:
                 state["refitting"] = False
 

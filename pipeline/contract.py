@@ -168,8 +168,10 @@ CLOCKS: list[tuple[str, str, tuple[str, ...], str]] = [
      "on the fabric's watermark (network partitions)"),
     ("... its propagation allowance", "wall", ("network.tick_lag_s",), "as correlation_lag_s"),
     ("fabric model refit", "event", ("network.refit_s",),
-     "due on event time; the fit runs in a thread and the new model scores from when it is installed (wall "
-     "clock): replays at different speeds may score the windows near a refit with different models"),
+     "fits at 60 s grid points of the network watermark (the first with network.min_train_rows healthy windows "
+     "before it, then every refit_s) on an order-free sample (bottom-k by a stable hash) of the last refit_s; "
+     "the model scores windows from 60 s of event time later, and the stream waits for a fit that is late: every "
+     "replay speed fits and scores alike"),
     ("circuit breaker window", "event", ("safety.window_s",), "isolations counted by their verdicts' event time"),
     ("actuator retries", "wall", ("actuators.base_delay_s", "actuators.max_delay_s"),
      "exponential backoff between the attempts (actuators.max_attempts) of a backend that failed temporarily"),

@@ -19,6 +19,7 @@ import itertools
 import operator
 import re
 import time
+import zlib
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -62,6 +63,18 @@ class Refused(NamedTuple):
     node: str
     ts: float
     last_ts: float
+
+
+def _row_keys(node_keys: np.ndarray, p: int, ts: np.ndarray) -> np.ndarray:
+    """Stable pseudo-random 64-bit keys of windows (node, port, event time): ``(n * p,)``
+    for ``n`` node keys and times, ports in order (splitmix64 of the three)."""
+    with np.errstate(over="ignore"):
+        t = np.round(ts * 1000.0).astype(np.int64).astype(np.uint64)
+        x = (node_keys[:, None] * np.uint64(0x9E3779B97F4A7C15) + np.arange(p, dtype=np.uint64)[None, :]
+             * np.uint64(0xBF58476D1CE4E5B9)) ^ t[:, None]
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return (x ^ (x >> np.uint64(31))).reshape(-1)
 
 
 def late_reason(r: Refused) -> str:
@@ -114,6 +127,13 @@ def _anomaly(detector: str, node: str, f: Finding, ts: float, *, subject_type: s
 RATE_COUNTERS = ("ecc_sbe", "nvlink", "pcie")
 #: healthy port windows kept for fitting the fabric model
 RESERVOIR = 20000
+#: the fabric model's fits happen on this event-time grid (seconds); a fit at grid point
+#: G uses the healthy windows before G and scores from G + MODEL_DELAY_S on
+FIT_GRID_S = 60.0
+#: event time between a fit's data and the windows it scores: a fit runs in a thread
+#: while the stream goes on, and this much event time later its model takes over
+#: whatever the replay speed (the stream waits for a fit that is late)
+MODEL_DELAY_S = 60.0
 #: accepted event times kept per node to tell a redelivered (duplicate) sample from a late one
 SEEN_TS = 16
 #: the per-GPU fields whose changes the GPU detectors read, in the column order of
@@ -664,6 +684,8 @@ class NetFleetState(_NodeRows):
         self.p, self.fw = p, feature_samples
         self.symbols = TimeRing((p,), window_buckets, bucket_s, capacity)
         self.wiring: list[tuple[tuple[str, str], ...]] = []
+        #: a stable hash of each node's name (the training sample's keys)
+        self.hkey: list[int] = []
         self.ports: list[tuple[str, ...]] = []
         self.switches: list[tuple[str, ...]] = []
         super().__init__(capacity)
@@ -689,6 +711,7 @@ class NetFleetState(_NodeRows):
         i = self.index.get(name)
         if i is None:
             i = self._add(name)
+            self.hkey.append(zlib.crc32(name.encode()))
             self.wiring.append(wiring)
             self.ports.append(ports)
             self.switches.append(switches)
@@ -712,13 +735,19 @@ class NetworkDetection:
         self.cfg = cfg
         self.net = net or NetworkSettings()
         self.capacity = max(64, capacity)
-        self.model = PortModel(self.net.model, seed=seed)
-        self.fitted_at = -np.inf
+        self.seed = seed
+        #: fitted models as (event time from which each scores, model), oldest first
+        self.models: list[tuple[float, PortModel]] = []
+        self.fitted_at = -np.inf  # the grid point of the last fit (event time)
         self.fits = 0
-        #: healthy feature rows kept for (re)fitting: a reservoir sample of the fleet
-        self.reservoir = np.zeros((RESERVOIR, len(FABRIC_FEATURES)))
+        #: healthy feature rows kept for (re)fitting: per FIT_GRID_S cell of event time, the
+        #: rows with the smallest stable hashes of (node, port, time): the same rows
+        #: whatever the order and batching they arrive in (bottom-k sampling), and a cell's
+        #: rows are never pushed out by later ones
+        self.cells: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.cells_kept = max(1, int(np.ceil(self.net.refit_s / FIT_GRID_S)))
+        self.cell_cap = max(1, RESERVOIR // self.cells_kept)
         self.reservoir_seen = 0
-        self._rng = np.random.default_rng(seed)
         self.score_s = 0.0
         self.scored_rows = 0
         self.wb, self.rb = cfg.buckets(cfg.window_s), cfg.buckets(cfg.recent_s)
@@ -734,6 +763,11 @@ class NetworkDetection:
         self._batch = 0
 
     _refuse = GpuDetection._refuse
+
+    @property
+    def model(self) -> PortModel:
+        """The newest fitted model (an unfitted one before the first fit)."""
+        return self.models[-1][1] if self.models else PortModel(self.net.model, seed=self.seed)
 
     @property
     def nodes(self) -> int:
@@ -889,21 +923,31 @@ class NetworkDetection:
         rows = feats.reshape(-1, feats.shape[2])
         out: list[Anomaly] = []
         flagged_rows = np.zeros(len(rows), dtype=bool)
-        if self.model.ready:
-            t0 = time.perf_counter()
-            _, flags = self.model.flag(rows)
-            self.score_s += time.perf_counter() - t0
-            self.scored_rows += len(rows)
+        # each window is scored by the model in force at its event time
+        ts_sel = f.fts[fi, now]
+        which = self._model_at(ts_sel)
+        if (which >= 0).any():
             hit = np.zeros((len(sel), f.p), dtype=bool)
             evidence: dict[tuple[int, int], Any] = {}
+            scored_by: dict[tuple[int, int], PortModel] = {}
             unknown = f.unknown[fi].reshape(-1)
-            for fl in flags:
-                if unknown[fl.index]:  # a feature from an unknown counter reads as 0: no verdict on it
-                    continue
-                k, j = divmod(fl.index, f.p)
-                hit[k, j] = True
-                evidence[(k, j)] = fl
-                flagged_rows[fl.index] = True
+            for m in np.unique(which[which >= 0]).tolist():
+                model = self.models[m][1]
+                samples = np.flatnonzero(which == m)
+                ridx = (samples[:, None] * f.p + np.arange(f.p)).reshape(-1)
+                t0 = time.perf_counter()
+                _, flags = model.flag(rows[ridx])
+                self.score_s += time.perf_counter() - t0
+                self.scored_rows += len(ridx)
+                for fl in flags:
+                    r = int(ridx[fl.index])
+                    if unknown[r]:  # a feature from an unknown counter reads as 0: no verdict on it
+                        continue
+                    k, j = divmod(r, f.p)
+                    hit[k, j] = True
+                    evidence[(k, j)] = fl
+                    scored_by[(k, j)] = model
+                    flagged_rows[r] = True
             f.fhit[fi] = np.where(hit, f.fhit[fi] + 1, 0)
             confirmed = f.fhit[fi] == self.net.confirm
             for k, j in zip(*np.nonzero(confirmed), strict=True):
@@ -913,55 +957,103 @@ class NetworkDetection:
                 top = next(iter(fl.features), "")
                 kind, sev = ("congestion", "info") if top == "wait_per_mb" else ("port_errors", "warning")
                 if self.cooldown.allow((s.node, port, kind), s.ts):
+                    model = scored_by[(k, j)]
                     fd = Finding(kind=kind, fault_class="node_network", severity=sev, score=fl.score, index=0,
-                                 gpu=None, evidence={"port": port, "switch": switch, "model": self.model.name,
-                                                     "threshold": round(self.model.threshold, 4),
+                                 gpu=None, evidence={"port": port, "switch": switch, "model": model.name,
+                                                     "threshold": round(model.threshold, 4),
                                                      "features": fl.features, "windows": self.net.confirm})
                     out.append(_anomaly("fabric_model", s.node, fd, s.ts, subject_type="port",
                                         subject=f"{s.node}/{port}"))
         # healthy rows (no rule and no model flag on the node) feed the reservoir
         node_ok = ~ruled[sel].any(axis=1)
         ok = np.repeat(node_ok, f.p) & ~flagged_rows & ~f.unknown[fi].reshape(-1)
-        self._keep(rows[ok])
+        if ok.any():
+            keys = _row_keys(np.asarray([f.hkey[i] for i in fi.tolist()], dtype=np.uint64), f.p, ts_sel)
+            self._keep(rows[ok], keys[ok], np.repeat(ts_sel, f.p)[ok])
         return out
 
-    def _keep(self, rows: np.ndarray) -> None:
-        """Reservoir sampling (algorithm R), one batch of rows at a time."""
-        n, k = self.reservoir_seen, len(rows)
-        if k == 0:
-            return
-        fill = max(0, min(k, RESERVOIR - n))
-        self.reservoir[n:n + fill] = rows[:fill]
-        if fill < k:
-            # row t (0-based over all rows seen) replaces a random slot with probability R/(t+1)
-            seen_at = n + np.arange(fill, k)
-            slot = self._rng.integers(0, seen_at + 1)
-            hit = slot < RESERVOIR
-            self.reservoir[slot[hit]] = rows[fill:][hit]
-        self.reservoir_seen = n + k
+    def _model_at(self, ts: np.ndarray) -> np.ndarray:
+        """Index into :attr:`models` of the model in force at each event time (-1: none)."""
+        if not self.models:
+            return np.full(len(ts), -1, dtype=np.int64)
+        starts = np.fromiter((t for t, _ in self.models), dtype=np.float64, count=len(self.models))
+        return np.searchsorted(starts, ts, side="right") - 1
 
-    def refit_due(self, now: float) -> bool:
-        have = min(self.reservoir_seen, RESERVOIR)
-        return have >= self.net.min_train_rows and (not self.model.ready or now - self.fitted_at >= self.net.refit_s)
+    def _keep(self, rows: np.ndarray, keys: np.ndarray, ts: np.ndarray) -> None:
+        """Keep the rows with the smallest keys of each FIT_GRID_S cell (bottom-k)."""
+        self.reservoir_seen += len(rows)
+        cell = np.floor_divide(ts, FIT_GRID_S).astype(np.int64)
+        for c in np.unique(cell).tolist():
+            sel = cell == c
+            kept = self.cells.get(c)
+            k_new, r_new = keys[sel], rows[sel]
+            if kept is not None:
+                if len(kept[0]) >= self.cell_cap:
+                    below = k_new < kept[0].max()  # only rows that can get in
+                    k_new, r_new = k_new[below], r_new[below]
+                    if not len(k_new):
+                        continue
+                k_new, r_new = np.concatenate([kept[0], k_new]), np.concatenate([kept[1], r_new])
+            if len(k_new) > self.cell_cap:
+                top = np.argpartition(k_new, self.cell_cap - 1)[: self.cell_cap]
+                k_new, r_new = k_new[top], r_new[top]
+            self.cells[c] = (k_new, r_new)
+        if len(self.cells) > 2 * self.cells_kept + 2:  # cells too old to be fitted on again
+            newest = max(self.cells)
+            for c in [c for c in self.cells if c <= newest - 2 * self.cells_kept - 2]:
+                del self.cells[c]
 
-    def training_rows(self) -> np.ndarray:
-        return self.reservoir[: min(self.reservoir_seen, RESERVOIR)].copy()
+    def training_rows(self, at: float) -> np.ndarray:
+        """The healthy windows of the last ``network.refit_s`` before grid point ``at``, in a
+        fixed order (by key): the same rows at any replay speed."""
+        hi = int(round(at / FIT_GRID_S))
+        parts = [self.cells[c] for c in sorted(self.cells) if hi - self.cells_kept <= c < hi]
+        if not parts:
+            return np.zeros((0, len(FABRIC_FEATURES)))
+        keys = np.concatenate([p[0] for p in parts])
+        rows = np.concatenate([p[1] for p in parts])
+        return rows[np.argsort(keys, kind="stable")]
+
+    def refit_due(self, watermark: float) -> float | None:
+        """The grid point to fit at, once the network watermark has passed it: the first
+        with ``network.min_train_rows`` healthy windows before it, then every
+        ``network.refit_s``; None when no fit is due."""
+        at = np.floor(watermark / FIT_GRID_S) * FIT_GRID_S
+        if at <= self.fitted_at:
+            return None
+        if self.models and at < self.fitted_at + self.net.refit_s:
+            return None
+        hi = int(round(at / FIT_GRID_S))
+        have = sum(len(v[0]) for c, v in self.cells.items() if hi - self.cells_kept <= c < hi)
+        return float(at) if have >= self.net.min_train_rows else None
 
     def fit_model(self, rows: np.ndarray) -> PortModel:
         """A new model fitted on ``rows`` (slow: call it from a worker thread); install it
         with :meth:`install`."""
         return PortModel(self.net.model, seed=self.fits).fit(rows)
 
-    def install(self, model: PortModel, now: float) -> None:
-        self.model = model
-        self.fitted_at = now
+    def begin(self, at: float) -> None:
+        """A fit at grid point ``at`` has started (the next is due ``refit_s`` later)."""
+        self.fitted_at = at
         self.fits += 1
 
-    def refit(self, now: float) -> bool:
+    def install(self, model: PortModel, at: float) -> None:
+        """``model``, fitted at grid point ``at``, scores windows from ``at + MODEL_DELAY_S``."""
+        self.models = (self.models + [(at + MODEL_DELAY_S, model)])[-3:]
+
+    def waits_for(self, ts: float) -> bool:
+        """Whether windows at event time ``ts`` need a fit that has begun but is not installed."""
+        pending = self.fitted_at if self.fits and (not self.models or self.models[-1][0] < self.fitted_at
+                                                  + MODEL_DELAY_S) else None
+        return pending is not None and ts >= pending + MODEL_DELAY_S
+
+    def refit(self, watermark: float) -> bool:
         """Fit in this thread when due (for in-process replays); True if it did."""
-        if not self.refit_due(now):
+        at = self.refit_due(watermark)
+        if at is None:
             return False
-        self.install(self.fit_model(self.training_rows()), now)
+        self.begin(at)
+        self.install(self.fit_model(self.training_rows(at)), at)
         return True
 
 

@@ -100,18 +100,27 @@ def test_a_node_whose_ports_change_starts_a_new_window() -> None:
     assert det.nodes == 1
 
 
-def test_the_training_reservoir_is_a_uniform_sample_of_every_healthy_window() -> None:
-    """Reservoir sampling over batches: full after RESERVOIR rows, then late rows still get in."""
-    from pipeline.detect import RESERVOIR
+def test_the_training_sample_is_the_same_whatever_order_and_batching_the_windows_come_in() -> None:
+    """Bottom-k by a stable hash per event-time cell: the rows kept depend on the rows
+    alone; a cell is capped, and later cells never push out an earlier cell's rows."""
+    from pipeline.detect import FIT_GRID_S, _row_keys
 
-    det = NetworkDetection(DetectorSettings())
-    for b in range(6):  # 6 batches x 10,000 rows, each batch marked by its number
-        det._keep(np.full((10_000, 7), float(b)))
-    assert det.reservoir_seen == 60_000
-    counts = np.bincount(det.reservoir[:, 0].astype(int), minlength=6)
-    assert counts.sum() == RESERVOIR
-    # each batch holds about a sixth of the reservoir (3,333 expected; binomial spread ~ 50)
-    assert (np.abs(counts - RESERVOIR / 6) < 400).all(), counts
+    rng = np.random.default_rng(3)
+    n = 30_000
+    rows = rng.normal(size=(n, 7))
+    ts = T0 + rng.uniform(0, 3 * FIT_GRID_S, n)
+    keys = _row_keys(rng.integers(0, 2**32, n).astype(np.uint64), 1, ts)
+    a, b = NetworkDetection(DetectorSettings()), NetworkDetection(DetectorSettings())
+    a._keep(rows, keys, ts)
+    order = rng.permutation(n)
+    for part in np.array_split(order, 37):
+        b._keep(rows[part], keys[part], ts[part])
+    at = (np.floor((T0 + 3 * FIT_GRID_S) / FIT_GRID_S) + 1) * FIT_GRID_S
+    assert np.array_equal(a.training_rows(at), b.training_rows(at))
+    assert all(len(k) <= a.cell_cap for k, _ in a.cells.values())
+    # the keys spread the sample over the whole cell (no bias to early or late rows)
+    kept_ts = np.concatenate([ts[np.isin(keys, k)] for k, _ in a.cells.values()])
+    assert abs(np.median(kept_ts % FIT_GRID_S) - FIT_GRID_S / 2) < FIT_GRID_S / 10
 
 
 def test_partition_watermark_waits_for_the_slowest_partition():
@@ -133,3 +142,39 @@ def test_partition_watermark_waits_for_the_slowest_partition():
     assert wm.value == 1400.0
     with pytest.raises(ValueError):
         PartitionWatermark(idle_s=0)
+
+
+def test_the_fabric_model_fits_and_scores_alike_at_any_batching_and_interleaving() -> None:
+    """A live worker reads nodes' samples in batches that interleave nodes differently at
+    each replay speed; with fits on the event-time grid over an order-free sample, and
+    each window scored by the model in force at its time, the findings are the same."""
+    from pipeline.config import NetworkSettings
+    from pipeline.eval_network import Fabric, FabricFault
+
+    step = 10.0
+    fab = Fabric(32, 4, step, seed=5)
+    t0 = 1_700_000_000.0
+    faults = [FabricFault("port_degrade", t0 + 900, t0 + 1e6, node=7, port=1)]
+    steps = []
+    for k in range(150):
+        t = t0 + k * step
+        fab.step(t, [f for f in faults if f.start <= t < f.end])
+        steps.append(fab.samples(t))
+    net = NetworkSettings(min_train_rows=500, refit_s=300)
+
+    def run(chunk: int, reverse: bool) -> tuple[list, int]:
+        det = NetworkDetection(DetectorSettings(), net=net)
+        found = []
+        for k in range(0, len(steps), chunk):
+            batch = [s for st in steps[k:k + chunk] for s in (reversed(st) if reverse else st)]
+            # per node in time order, nodes interleaved in another order than the other run
+            batch.sort(key=lambda s: s.ts)
+            found += [(a.ts, a.subject, a.kind) for a in det.process(batch)]
+            det.refit(min(s.ts for s in steps[min(k + chunk, len(steps)) - 1]))
+        return sorted(found), det.fits
+
+    one, fits_one = run(1, False)
+    other, fits_other = run(7, True)
+    assert fits_one == fits_other >= 3
+    assert one == other
+    assert {subj for _, subj, kind in one if kind == "port_errors"} == {"gpu-0007/mlx5_1/1"}, one
