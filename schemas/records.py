@@ -238,8 +238,8 @@ class GpuSample(Record):
     pcie_replay: list[Counter | None] | None = Field(None, description="PCIe replay counter, cumulative")
     lost: list[bool | None] | None = Field(
         None, description="GPU not reachable (fallen off the bus, NVML GPU_IS_LOST)")
-    xids: list[XidEvent] = Field(default_factory=list, description="Xid events since the previous sample")
-    sxids: list[SxidEvent] = Field(default_factory=list, description="NVSwitch SXid events since the previous sample")
+    xids: list[XidEvent] = Field([], description="Xid events since the previous sample")
+    sxids: list[SxidEvent] = Field([], description="NVSwitch SXid events since the previous sample")
     pci_bus_id: list[PciBusId | None] | None = Field(
         None, description="each GPU's PCI bus id (maps kernel-log lines to GPU indexes)")
 
@@ -287,7 +287,7 @@ class PortSample(BaseModel):
     xmit_bytes: Counter | None
     rcv_bytes: Counter | None
     saturated: list[PortCounterName] = Field(
-        default_factory=list, max_length=len(PORT_COUNTERS),
+        [], max_length=len(PORT_COUNTERS),
         description="counters that stopped at the maximum of their width (InfiniBand counters do not wrap): "
                     "reported null, never used in a rate")
     rate_gbps: float | None = Field(None, ge=0.0, le=100000.0, description="link rate the port trained to, Gb/s")
@@ -361,7 +361,7 @@ class JobEvent(Record):
     job: str = Field(min_length=1, max_length=253)
     event: JobEventKind
     scheduler: str = Field("sim", max_length=64, description="kubernetes, slurm or sim")
-    nodes: list[NodeName] = Field(default_factory=list, max_length=100000)
+    nodes: list[NodeName] = Field([], max_length=100000)
     attempt: int = Field(1, ge=1, le=100000)
     step: int | None = Field(None, ge=0, le=MAX_COUNTER)
     step_time: float | None = Field(None, ge=0.0, le=86400.0, description="seconds per step, job-wide")
@@ -375,7 +375,7 @@ class JobEvent(Record):
     exit_code: int | None = Field(None, ge=-255, le=255)
     reason: str | None = Field(None, max_length=MAX_TEXT)
     log_tail: str | None = Field(None, max_length=MAX_TEXT)
-    exclude: list[NodeName] = Field(default_factory=list, description="nodes this attempt must avoid")
+    exclude: list[NodeName] = Field([], description="nodes this attempt must avoid")
     origin_node: NodeName | None = Field(
         None, description="failed: the node whose worker failed first, when the scheduler tells (torchrun's root "
                           "cause host, the job's first pod to fail, Slurm's first failed task)"
@@ -407,14 +407,14 @@ class Anomaly(Record):
     fault_class: FaultClass
     score: float
     severity: Severity
-    evidence: dict[str, Any] = Field(default_factory=dict)
+    evidence: dict[str, Any] = Field({})
     window: Window | None = None
 
 
 class PlannedAction(BaseModel):
     action: ActionName
     target: str
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field({})
 
 
 class Verdict(Record):
@@ -432,10 +432,10 @@ class Verdict(Record):
     subject: str
     fault_class: FaultClass
     confidence: float = Field(ge=0.0, le=1.0)
-    evidence: dict[str, Any] = Field(default_factory=dict)
+    evidence: dict[str, Any] = Field({})
     actions: list[PlannedAction]
     job: str | None = None
-    nodes: list[str] = Field(default_factory=list)
+    nodes: list[str] = Field([])
 
 
 class ActionRecord(Record):
@@ -485,7 +485,7 @@ class NodeNotice(Record):
     #: hardware_failure: the class the job's own output names (an Xid line, an uncorrectable
     #: ECC error, a GPU off the bus) and the triage rule behind it
     fault_class: FaultClass | None = None
-    evidence: dict[str, Any] = Field(default_factory=dict)
+    evidence: dict[str, Any] = Field({})
 
 
 class JobNotice(Record):
@@ -497,8 +497,8 @@ class JobNotice(Record):
     kind: Literal["node_fault", "node_degrading", "fabric", "tick", "xid"]
     fault_class: FaultClass
     incident: str
-    anomalies: list[str] = Field(default_factory=list)
-    evidence: dict[str, Any] = Field(default_factory=dict)
+    anomalies: list[str] = Field([])
+    evidence: dict[str, Any] = Field({})
 
 
 class SwitchNotice(Record):
@@ -515,7 +515,7 @@ class SwitchNotice(Record):
     port: str | None = None
     anomaly: str | None = None
     anomaly_kind: str | None = None
-    evidence: dict[str, Any] = Field(default_factory=dict)
+    evidence: dict[str, Any] = Field({})
 
 
 #: Every public record, by the short name used for its JSON Schema file.
