@@ -50,13 +50,17 @@ class ApiContext:
     send_verdict: Callable[[Verdict], Awaitable[None]]
     send_node_notice: Callable[[NodeNotice], Awaitable[None]]
     dry_run: Callable[[], bool]
-    set_dry_run: Callable[[bool], None]
+    #: switch dry-run (enabled, who, why); kept where every worker and a restart find it
+    set_dry_run: Callable[[bool, str, str], Awaitable[None]]
+    #: isolations the breaker held back for a person, by key (their action records)
+    held: Callable[[], dict[str, dict[str, Any]]]
+    #: a held isolation was approved or rejected: it awaits no one any more
+    settle_held: Callable[[str], Awaitable[None]]
+    #: who set dry-run as it stands, and when
+    dry_run_origin: Callable[[], dict[str, Any]] | None = None
     switch_table: Any = None
     verdicts: deque = field(default_factory=lambda: deque(maxlen=2000))
     actions: deque = field(default_factory=lambda: deque(maxlen=5000))
-    #: key of a held isolation -> its action record, until approved or rejected (the ledger
-    #: settles a held action: a replayed verdict records it as already_so, never held again)
-    held: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: one queue per open event stream (the dashboard's Server-Sent Events)
     streams: set[asyncio.Queue] = field(default_factory=set)
     stream_queue: int = 2000
@@ -90,8 +94,6 @@ class ApiContext:
     def saw_action(self, a: dict[str, Any]) -> None:
         self.actions.append(a)
         self.publish("action", a)
-        if a.get("outcome") == "held_by_budget" and a.get("action") == "isolate":
-            self.held[a["key"]] = a
 
 
 def _limit(request: Any, default: int = 200) -> int:
@@ -284,7 +286,7 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
     class Held(faust.web.View):
         @needs("viewer")
         async def get(self, request: Any, who: Any) -> Any:
-            return self.json({"held": list(ctx.held.values())})
+            return self.json({"held": list(ctx.held().values())})
 
     async def decide(node: str, acts: list[tuple[ActionName, str, dict[str, Any]]], who: Any, why: str,
                      notice: str | None = None, **evidence: Any) -> Verdict:
@@ -313,9 +315,10 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
             return self.json({"verdict": v.id, "node": node, "requested": "hold"}, status=202)
 
     async def resolve(view: faust.web.View, who: Any, key: str, approve: bool) -> Any:
-        a = ctx.held.pop(key, None)
+        a = ctx.held().get(key)
         if a is None:
             return view.json({"error": f"no held isolation {key!r}"}, status=404)
+        await ctx.settle_held(key)
         node = a["target"]
         if approve:
             v = await decide(node, [(ActionName.isolate, node, {"reason": "held isolation approved"}),
@@ -342,7 +345,8 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
     class DryRunSwitch(faust.web.View):
         @needs("viewer")
         async def get(self, request: Any, who: Any) -> Any:
-            return self.json({"dry_run": ctx.dry_run()})
+            origin = ctx.dry_run_origin() if ctx.dry_run_origin is not None else {}
+            return self.json({**origin, "dry_run": ctx.dry_run()})
 
         @needs("operator")
         async def put(self, request: Any, who: Any) -> Any:
@@ -353,8 +357,8 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
                     raise TypeError
             except Exception:
                 return self.json({"error": 'body must be {"enabled": true|false}'}, status=400)
-            ctx.set_dry_run(enabled)
             why = f"dry-run {'on' if enabled else 'off'}"
+            await ctx.set_dry_run(enabled, who.subject, why)
             v = await decide("fleet", [(ActionName.escalate, "fleet", {"reason": why, "alert_only": True,
                                                                        "dry_run": enabled})], who, why)
             return self.json({"dry_run": enabled, "verdict": v.id})

@@ -34,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from actuators import CircuitBreaker, RetryPolicy
 from actuators.dryrun import DryRunBackend
 from schemas import (
+    ActionName,
     ActionRecord,
     Anomaly,
     DecodeError,
@@ -42,6 +43,7 @@ from schemas import (
     JobNotice,
     NetworkSample,
     NodeNotice,
+    Outcome,
     Record,
     SwitchNotice,
     Verdict,
@@ -53,6 +55,7 @@ from . import faust_fixes  # noqa: F401  (patches two record-loss races in Faust
 from . import policy
 from .actuate import Actuation, BackendRouter
 from .config import Settings, state_dir
+from .control import HELD, ControlLog, ControlState, dry_run_record, held_record
 from .detect import (
     GpuDetection,
     LaggedWatermark,
@@ -255,6 +258,19 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     switch_ticks: dict[str, float] = {}
     state: dict[str, Any] = {"actuation": None, "ticks_scanned": False, "switch_ticks_scanned": False,
                              "telemetry_consumer": None}
+    # operator decisions (dry-run, held isolations) from the compacted control topic
+    control_state = ControlState(default_dry_run=s.safety.dry_run)
+
+    async def send_control(key: str, value: bytes | None) -> None:
+        await app.producer.send_and_wait(specs["control"].name, key.encode(), value, 0, None, None)
+
+    control = ControlLog(s.kafka.bootstrap, specs["control"].name, control_state, send_control)
+    app.fleetmedic_control = control  # type: ignore[attr-defined]
+
+    @app.task
+    async def follow_control() -> None:
+        await control.run(lambda: bool(app.should_stop))
+
     release = asyncio.Event()  # the batch telemetry consumer reads once this is set
     if not s.worker.hold_telemetry:
         release.set()
@@ -681,7 +697,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                 retry=RetryPolicy(max_attempts=a.max_attempts, base_delay=a.base_delay_s, max_delay=a.max_delay_s),
                 notifier=build_notifier(s),
                 ledger=_TableLedger(action_to_outcome),
-                dry_run=lambda: runtime["dry_run"],
+                dry_run=lambda: control_state.dry_run,
                 deliver_later=deliver_later,
             )
         return state["actuation"]
@@ -706,7 +722,10 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         return True
 
     async def record_action(r: ActionRecord) -> None:
-        api_ctx.saw_action(r.to_dict())
+        doc = r.to_dict()
+        api_ctx.saw_action(doc)
+        if r.outcome is Outcome.held_by_budget and r.action is ActionName.isolate:
+            await control.put(held_record(doc))  # awaits a person, on every worker, after restarts
         stats["actions"] += 1
         metrics.actions.labels(r.action.value, r.outcome.value).inc()
         log.info("action %s %s: %s (%s) %s", r.action.value, r.target, r.outcome.value, r.backend, r.detail)
@@ -716,12 +735,16 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     from . import api as api_mod
 
-    runtime = {"dry_run": s.safety.dry_run}
+    async def set_dry_run(enabled: bool, who: str, why: str) -> None:
+        await control.put(dry_run_record(enabled, who, why))
+
     api_ctx = api_mod.ApiContext(
         auth=auth, node_table=node_to_health, job_table=job_to_history, switch_table=switch_to_state,
         send_verdict=lambda v: t_verdicts.send(key=v.subject.encode(), value=v.to_json()),
         send_node_notice=lambda n: t_node_in.send(key=n.node.encode(), value=n.to_json()),
-        dry_run=lambda: runtime["dry_run"], set_dry_run=lambda on: runtime.update(dry_run=on),
+        dry_run=lambda: control_state.dry_run, set_dry_run=set_dry_run,
+        held=control_state.held, settle_held=lambda key: control.delete(HELD + key),
+        dry_run_origin=control_state.dry_run_origin,
     )
     gate.api_routes |= set(api_mod.install(app, api_ctx))
     app.fleetmedic_api = api_ctx  # type: ignore[attr-defined]
@@ -733,6 +756,8 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     @app.agent(t_verdicts, name="actuate")
     async def actuate(stream: faust.StreamT) -> None:
+        # nothing is carried out before the operator's decisions are known (dry-run above all)
+        await control.loaded.wait()
         async for event in stream.events():
             rec = await decode_event(event, Verdict)
             if rec is None:
@@ -793,7 +818,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         if tc is not None:
             assigned = assigned and bool(tc.assignment())
         return readiness(assigned=assigned, rebalancing=bool(app.rebalancing), lags=await lags(),
-                         max_lag=s.worker.ready_max_lag)
+                         max_lag=s.worker.ready_max_lag, control_loaded=control.loaded.is_set())
 
     @app.page("/readyz")
     async def readyz(web: Any, request: Any) -> Any:
@@ -806,7 +831,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     async def ready(web: Any, request: Any) -> Any:
         """Assigned and not rebalancing, caught up or not (the tools that start workers wait on it)."""
         r = await ready_state()
-        ok = r["assigned"] and not r["rebalancing"]
+        ok = r["assigned"] and not r["rebalancing"] and r["control_loaded"]
         return web.json({**r, "ready": ok}, status=200 if ok else 503)
 
     @app.page("/fleetmedic/release")

@@ -225,9 +225,10 @@ NODE_RULES: list[tuple[str, str, str, tuple[str, ...]]] = [
 ENDPOINTS: list[tuple[str, str, str]] = [
     ("GET /healthz", "public", "200 {ok, uptime_s} while the worker's event loop answers: a liveness probe"),
     ("GET /readyz", "public",
-     "200 when ready, else 503; {ready, assigned, rebalancing, caught_up, lag_records, max_lag, partitions, "
-     "partitions_unknown}. Ready = the consumers have partitions, no rebalance is under way, and at most "
-     "worker.ready_max_lag records are left to read on them (caught up): a readiness probe"),
+     "200 when ready, else 503; {ready, assigned, rebalancing, control_loaded, caught_up, lag_records, max_lag, "
+     "partitions, partitions_unknown}. Ready = the operator's decisions are read from the control topic, the "
+     "consumers have partitions, no rebalance is under way, and at most worker.ready_max_lag records are left "
+     "to read on them (caught up): a readiness probe"),
     ("GET /fleetmedic/ready", "public", "as /readyz without the caught-up condition (tools that start workers)"),
     ("GET /metrics", "viewer", "Prometheus text format: the metrics below"),
     ("GET /fleetmedic/stats", "viewer", "the worker's counters as JSON"),

@@ -1151,14 +1151,16 @@ class PeerDetection:
         self.free.extend(freed)
 
 
-def readiness(*, assigned: bool, rebalancing: bool, lags: dict[str, int | None], max_lag: int) -> dict[str, Any]:
-    """What ``/readyz`` answers: ready when the consumers have partitions, no rebalance is
-    under way, and the records left to read on them (``lags``: per topic-partition, None
-    where not known yet) are at most ``max_lag``."""
+def readiness(*, assigned: bool, rebalancing: bool, lags: dict[str, int | None], max_lag: int,
+              control_loaded: bool = True) -> dict[str, Any]:
+    """What ``/readyz`` answers: ready when the operator's decisions are loaded, the
+    consumers have partitions, no rebalance is under way, and the records left to read on
+    them (``lags``: per topic-partition, None where not known yet) are at most ``max_lag``."""
     known = [v for v in lags.values() if v is not None]
     lag = sum(max(0, v) for v in known)
     caught_up = lag <= max_lag
-    return {"ready": assigned and not rebalancing and caught_up, "assigned": assigned, "rebalancing": rebalancing,
+    return {"ready": control_loaded and assigned and not rebalancing and caught_up, "assigned": assigned,
+            "rebalancing": rebalancing, "control_loaded": control_loaded,
             "caught_up": caught_up, "lag_records": lag, "max_lag": max_lag,
             "partitions": len(lags), "partitions_unknown": len(lags) - len(known)}
 

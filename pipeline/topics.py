@@ -41,11 +41,15 @@ def changelog_specs(s: Settings) -> dict[str, TopicSpec]:
     }
 
 
+#: topics that keep the latest record of each key (operator decisions: pipeline.control)
+COMPACTED = frozenset({"control"})
+
+
 def topic_specs(s: Settings) -> dict[str, TopicSpec]:
     """Every topic fleetmedic reads or writes, by its short name."""
     p, d = s.kafka.partitions, s.kafka.decision_partitions
     return {
-        short: TopicSpec(s.topic(short), parts)
+        short: TopicSpec(s.topic(short), parts, compacted=short in COMPACTED)
         for short, parts in {
             "telemetry.gpu": p,
             "telemetry.network": p,
@@ -57,6 +61,7 @@ def topic_specs(s: Settings) -> dict[str, TopicSpec]:
             "internal.node-notices": p,
             "internal.job-notices": p,
             "internal.switch-notices": p,
+            "control": 1,
         }.items()
     }
 

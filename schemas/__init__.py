@@ -8,6 +8,7 @@ from .records import (
     ActionName,
     ActionRecord,
     Anomaly,
+    ControlRecord,
     DeadLetter,
     FaultClass,
     GpuSample,
@@ -29,7 +30,7 @@ from .records import (
 
 __all__ = [
     "HARDWARE_CLASSES", "JOB_ACTIONS", "NODE_ACTIONS", "ActionName", "ActionRecord", "Anomaly",
-    "DeadLetter", "DecodeError", "FaultClass", "GpuSample", "JobEvent", "JobEventKind", "JobNotice",
+    "ControlRecord", "DeadLetter", "DecodeError", "FaultClass", "GpuSample", "JobEvent", "JobEventKind", "JobNotice",
     "NetworkSample", "NodeNotice", "Outcome", "PlannedAction", "PortSample", "Record", "Severity",
     "SwitchNotice", "Verdict", "Window", "XidEvent", "decode", "dead_letter", "encode",
 ]

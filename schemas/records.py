@@ -518,6 +518,24 @@ class SwitchNotice(Record):
     evidence: dict[str, Any] = Field({})
 
 
+class ControlRecord(Record):
+    """An operator decision that must outlive every worker (topic ``control``, compacted;
+    key: ``key``). The latest record of a key is the decision in force; a key whose
+    message has no value (a tombstone) is no longer in force.
+
+    Keys: ``dry_run`` (``value``: ``{"enabled": bool}``) and ``held/<idempotency key>``
+    (``value``: ``{"action": <the held isolate action record>}``, an isolation the breaker
+    held back, until an operator approves or rejects it).
+    """
+
+    schema_: Literal["control/1"] = Field("control/1", alias="schema")
+    key: str = Field(pattern=r"^(dry_run|held/[A-Za-z0-9._:@/-]{1,512})$")
+    value: dict[str, Any]
+    #: who decided (the token's subject; "fleetmedic" for the worker's own records)
+    who: str = Field(min_length=1, max_length=256)
+    reason: str = Field("", max_length=2048)
+
+
 #: Every public record, by the short name used for its JSON Schema file.
 PUBLIC_RECORDS: dict[str, type[Record]] = {
     "gpu": GpuSample,
@@ -527,4 +545,5 @@ PUBLIC_RECORDS: dict[str, type[Record]] = {
     "verdict": Verdict,
     "action": ActionRecord,
     "deadletter": DeadLetter,
+    "control": ControlRecord,
 }

@@ -7,9 +7,12 @@ other's records on the shared broker.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -241,3 +244,31 @@ def lose_gpus(bootstrap: str, worker: Worker, nodes: list[str], now: float | Non
         lost[i % GPUS] = True
         items.append((worker.topic("telemetry.gpu"), n, gpu_sample(n, now + i, lost=lost, xids=[(i % GPUS, 79)])))
     produce(bootstrap, items)
+
+
+# ------------------------------------------------------------------------------ the API
+
+
+def api_call(worker: Worker, method: str, path: str, token: str | None = None, body: Any = None) -> tuple[int, Any]:
+    """One request to a worker's HTTP API: (status, decoded JSON body)."""
+    port = worker.env["FLEETMEDIC_WORKER__WEB_PORT"]
+    data = json.dumps(body).encode() if body is not None else (b"" if method in ("POST", "PUT") else None)
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=15) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def wait_for(fn: Callable[[], Any], timeout: float = 20.0) -> Any:
+    """Poll ``fn`` until it answers something true or ``timeout`` passes; its last answer."""
+    end = time.time() + timeout
+    while True:
+        v = fn()
+        if v or time.time() > end:
+            return v
+        time.sleep(0.3)

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from .harness import ClusterAPI, JwksServer, Worker, auth_env, collect, lose_gpus
+from .harness import ClusterAPI, JwksServer, Worker, api_call, auth_env, collect, lose_gpus, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -70,26 +70,10 @@ def setup(kafka_bootstrap):
 
 
 def call(worker: Worker, method: str, path: str, token: str | None, body: Any = None) -> tuple[int, Any]:
-    port = worker.env["FLEETMEDIC_WORKER__WEB_PORT"]
-    data = json.dumps(body).encode() if body is not None else (b"" if method in ("POST", "PUT") else None)
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
-    req.add_header("Content-Type", "application/json")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=15) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
+    return api_call(worker, method, path, token, body)
 
 
-def _wait(fn, timeout: float = 20.0):
-    end = time.time() + timeout
-    while True:
-        v = fn()
-        if v or time.time() > end:
-            return v
-        time.sleep(0.3)
+_wait = wait_for
 
 
 READS = ["/api/v1/nodes", "/api/v1/nodes/op-0", "/api/v1/jobs", "/api/v1/verdicts", "/api/v1/actions",

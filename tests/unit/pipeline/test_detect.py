@@ -403,3 +403,4 @@ def test_readiness_needs_partitions_no_rebalance_and_a_caught_up_consumer() -> N
     assert not readiness(assigned=True, rebalancing=False, lags={**lags, "gpu:1": 1}, max_lag=10)["ready"]
     assert not readiness(assigned=True, rebalancing=True, lags=lags, max_lag=10)["ready"]
     assert not readiness(assigned=False, rebalancing=False, lags={}, max_lag=10)["ready"]
+    assert not readiness(assigned=True, rebalancing=False, lags=lags, max_lag=10, control_loaded=False)["ready"]

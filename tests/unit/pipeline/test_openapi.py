@@ -20,7 +20,7 @@ def _registered() -> dict[str, set[str]]:
 
     return api.install(app, api.ApiContext(auth=NoAuth(), node_table={}, job_table={}, send_verdict=nothing,
                                            send_node_notice=nothing, dry_run=lambda: False,
-                                           set_dry_run=lambda on: None))
+                                           set_dry_run=nothing, held=dict, settle_held=nothing))
 
 
 def test_every_route_is_documented_with_its_methods() -> None:

@@ -20,6 +20,7 @@ import pytest
 
 from pipeline import policy
 from pipeline.config import DetectorSettings, PolicySettings
+from pipeline.control import dry_run_record, held_record
 from pipeline.detect import GpuDetection, NetworkDetection
 from schemas import GpuSample, JobEvent, NetworkSample
 from schemas.codec import DecodeError, dead_letter, decode
@@ -69,10 +70,14 @@ def examples() -> dict[str, list[dict[str, Any]]]:
                  checkpoint_step=1200),
     ]
     dl = dead_letter(source_topic="fleetmedic.telemetry.gpu", reason="invalid JSON", payload=b"{", ts=1.0, key=b"n")
+    held = {**actions[0].to_dict(), "outcome": "held_by_budget", "detail": "held: circuit breaker budget 0 of 1 left"}
+    control = [dry_run_record(True, "alice@example.org", "maintenance window", ts=1_700_000_200.0),
+               held_record(held, ts=1_700_000_201.0)]
     return {
         "gpu": gpu, "network": network, "anomaly": [a.to_dict() for a in anomalies + [xid]],
         "verdict": [v.to_dict() for v in verdicts], "action": [a.to_dict() for a in actions],
         "job": [j.to_dict() for j in jobs], "deadletter": [dl.to_dict()],
+        "control": [c.to_dict() for c in control],
     }
 
 
