@@ -244,7 +244,8 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
                 st = h.get("state") or "healthy"
                 if state and st != state:
                     continue
-                out.append({"node": node, "state": st, "since": h.get("since"), "job": h.get("job"),
+                jobs = sorted(h.get("jobs") or {}) or ([h["job"]] if h.get("job") else [])
+                out.append({"node": node, "state": st, "since": h.get("since"), "jobs": jobs,
                             "fault_class": h.get("fault_class"), "incident": h.get("incident")})
             out.sort(key=lambda x: x["node"])
             return self.json({"nodes": out[: _limit(request, 20000)], "count": len(out)})

@@ -201,7 +201,7 @@ JOB_RULES: dict[str, str] = {
 #: rules of the node track: (rule, fault class, actions, settings)
 NODE_RULES: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("a critical finding (GPU lost, ECC DBE, row remap failure)", "gpu_hardware / gpu_memory",
-     "isolate, drain, diagnose; the job on the node is told (node_fault)", ()),
+     "isolate, drain, diagnose; every job on the node is told (node_fault) and moved off it", ()),
     ("an Xid or SXid whose catalog action is isolate", "the catalog's", "isolate, drain, diagnose (remedy)", ()),
     ("an Xid the driver contained (restart_app)", "-", "the job is told; it restarts in place", ()),
     ("Xid 13/31/43 on one GPU in several jobs", "gpu_hardware", "isolate, drain, diagnose (field_diagnostics)",
@@ -352,9 +352,16 @@ def render() -> str:
     w("")
     w("### A job's failure, from its own output (`pipeline/triage.py`, the first rule that matches)")
     w("")
-    w("A failure waits for node evidence first (see Clocks): a fault found on one of its nodes within "
+    w("A failure waits for node evidence first (see Clocks), until its grace has passed even when evidence "
+      "is already there (another node's may still be on its way): a fault found on one of its nodes within "
       "`policy.degrade_window_s` before it and up to the grace after it makes it that node's (requeue "
-      "without the node). Otherwise its output decides; `evidence.decided_by` names the rule.")
+      "without every node at fault). Otherwise its output decides; `evidence.decided_by` names the rule.")
+    w("")
+    w("A job still running on a node that takes a hard fault (`node_fault`) is not left to crash: it waits "
+      "the same grace for faults on its other nodes, then is requeued without them all, from its last "
+      "checkpoint (`evidence.reason`, `evidence.checkpoint`). If it fails meanwhile, the failure is judged "
+      "instead, no later than the move was due. Every job running on the node is told, and so is a job "
+      "placed on it afterwards.")
     w("")
     w("| # | rule (`decided_by`) | kind | fault class | reason given |")
     w("|---|---|---|---|---|")

@@ -61,11 +61,18 @@ def stable_id(*parts: Any, n: int = 16) -> str:
     return hashlib.sha1("|".join(str(p) for p in parts).encode()).hexdigest()[:n]
 
 
+#: jobs that left a node kept to tell a fault found late to the job it struck
+LEFT_KEPT = 8
+
+
 def new_node_health() -> dict[str, Any]:
     return {
         "state": HEALTHY,
         "since": 0.0,
-        "job": None,
+        #: the jobs running on the node: job -> event time it was placed
+        "jobs": {},
+        #: jobs that left it, newest last: [job, placed, released]
+        "left": [],
         "anomalies": [],
         "failed_jobs": [],
         "returns": [],
@@ -151,27 +158,47 @@ def _kept_failures(h: dict[str, Any]) -> list[tuple[float, str, tuple[float, boo
     return out
 
 
+def upgrade_node_health(h: dict[str, Any]) -> dict[str, Any]:
+    """A node's state kept in the older shape (one ``job`` with ``job_since``, one ``left``
+    triple) in today's (``jobs`` and a list ``left``), in place."""
+    if "jobs" not in h:
+        job, since = h.pop("job", None), h.pop("job_since", None)
+        h["jobs"] = {job: since or 0.0} if job else {}
+        left = h.get("left")
+        h["left"] = [left] if left and not isinstance(left[0], list) else list(left or [])
+    return h
+
+
+def _jobs_at(h: dict[str, Any], ts: float) -> list[str]:
+    """The jobs that ran on the node at event time ``ts``: those placed by then and still
+    there, and those released since whose stay covers ``ts``; when none, the jobs there now
+    (a fault found before their placement reached this track).  Placements and findings
+    reach the node track on different topics, in either order; judged by event time, a
+    fault is told to every job it struck whichever came first."""
+    jobs = h["jobs"]
+    found = [j for j, since in jobs.items() if (since or 0.0) <= ts]
+    found += [j for j, since, until in h["left"] if (since or 0.0) <= ts <= until and j not in found]
+    return sorted(found) if found else sorted(jobs)
+
+
 def _job_at(h: dict[str, Any], ts: float) -> str | None:
-    """The job that ran on the node at event time ``ts``: the current one if it was placed
-    by then, else the one released last if ``ts`` falls within its stay.  Placements and
-    findings reach the node track on different topics, in either order; judged by event
-    time, a fault is told to the job it struck whichever came first."""
-    job = h.get("job")
-    if job and (h.get("job_since") or 0.0) <= ts:
-        return job
-    left = h.get("left")
-    if left and (left[1] or 0.0) <= ts <= left[2]:
-        return left[0]
-    return job
+    """One job that ran on the node at ``ts`` (the first by name), for a verdict's ``job``."""
+    jobs = _jobs_at(h, ts)
+    return jobs[0] if jobs else None
 
 
 def _isolate_node(
     h: dict[str, Any], node: str, ts: float, fault_class: FaultClass, evidence: dict[str, Any], *,
-    confidence: float, incident: str, hard: bool, remedy: str | None = None,
+    confidence: float, incident: str, hard: bool, remedy: str | None = None, failed_job: str | None = None,
 ) -> Decision:
+    """Take the node out, and tell every job that ran on it at ``ts`` (and ``failed_job``,
+    whose failure led here) so each is moved off it."""
     d = Decision()
-    job = _job_at(h, ts)
-    if hard or not job:
+    jobs = _jobs_at(h, ts)
+    if failed_job and failed_job not in jobs:
+        jobs.append(failed_job)
+    job = jobs[0] if jobs else None
+    if hard or not jobs:
         actions = [
             (ActionName.isolate, node, {"reason": fault_class.value}),
             (ActionName.drain, node, {}),
@@ -184,16 +211,18 @@ def _isolate_node(
             (ActionName.isolate, node, {"reason": fault_class.value}),
             (ActionName.diagnose, node, {"when": "free"}),
         ]
+    if len(jobs) > 1:
+        evidence = {**evidence, "jobs": jobs}
     d.verdicts.append(
         _verdict(
             ts=ts, incident=incident, scope="node", subject=node, fault_class=fault_class,
             confidence=confidence, actions=actions, evidence=evidence, job=job, nodes=[node],
         )
     )
-    if job:
+    for j in jobs:
         d.job_notices.append(
             JobNotice(
-                ts=ts, job=job, node=node, kind="node_fault" if hard else "node_degrading",
+                ts=ts, job=j, node=node, kind="node_fault" if hard else "node_degrading",
                 fault_class=fault_class, incident=incident,
                 anomalies=[str(x) for x in evidence.get("anomalies", [])], evidence=evidence,
             )
@@ -281,10 +310,13 @@ def _node_on_xid(h: dict[str, Any], node: str, a: Anomaly, cfg: PolicySettings) 
                         "jobs": jobs}
             return _isolate_node(h, node, a.ts, FaultClass.gpu_hardware, evidence, confidence=0.8,
                                  incident=incident, hard=True, remedy="field_diagnostics")
-    if action in ("restart_app", "app_unless_repeated") and job:
-        d.job_notices.append(JobNotice(
-            ts=a.ts, job=job, node=node, kind="xid", fault_class=a.fault_class, incident=stable_id("xid", a.id),
-            anomalies=[a.id], evidence={"xid": code, "action": action, "gpu": a.gpu, "rule": ev.get("rule")}))
+    if action in ("restart_app", "app_unless_repeated"):
+        # which of the node's jobs the Xid struck is not known here: each is told, and only
+        # one that fails reads it (as the driver's word on its failure)
+        d.job_notices.extend(JobNotice(
+            ts=a.ts, job=j, node=node, kind="xid", fault_class=a.fault_class, incident=stable_id("xid", a.id),
+            anomalies=[a.id], evidence={"xid": code, "action": action, "gpu": a.gpu, "rule": ev.get("rule")})
+            for j in _jobs_at(h, a.ts))
     if ev.get("degrade") and a.severity is not Severity.info:
         d2 = _degrading(h, node, a, cfg)
         if d2.verdicts:
@@ -302,6 +334,7 @@ def _node_on_xid(h: dict[str, Any], node: str, a: Anomaly, cfg: PolicySettings) 
 
 def node_on_anomaly(h: dict[str, Any], a: Anomaly, cfg: PolicySettings) -> Decision:
     """A finding about ``a.node`` (or the node itself): record it, maybe isolate."""
+    upgrade_node_health(h)
     node = a.node or a.subject
     h["anomalies"] = (h["anomalies"] + [_anomaly_brief(a)])[-MAX_KEPT:]
     if h["state"] in OUT_OF_POOL:
@@ -329,6 +362,7 @@ def node_on_anomaly(h: dict[str, Any], a: Anomaly, cfg: PolicySettings) -> Decis
 def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
                    net: NetworkSettings | None = None) -> Decision:
     """What the job track, the switch track or diagnostics say about this node."""
+    upgrade_node_health(h)
     node = n.node
     if n.kind == "network_fault":
         if h["state"] in OUT_OF_POOL:
@@ -343,18 +377,17 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
         v = _verdict(ts=n.ts, incident=incident, scope="node", subject=node, fault_class=FaultClass.node_network,
                      confidence=0.85, actions=[(ActionName.escalate, node, {"reason": "network fault (advisory)",
                                                                            "advisory": True})],
-                     evidence={**evidence, "advisory": True}, job=h.get("job"), nodes=[node])
+                     evidence={**evidence, "advisory": True}, job=_job_at(h, n.ts), nodes=[node])
         return Decision(verdicts=[v])
     if n.kind == "fabric_switch":
         h["fabric_switch"] = {"switch": n.reason, "ts": n.ts, "incident": n.signature}
-        if h.get("job"):
-            return Decision(job_notices=[JobNotice(
-                ts=n.ts, job=h["job"], node=node, kind="fabric", fault_class=FaultClass.fabric_switch,
-                incident=n.signature or stable_id("switch", n.reason), evidence={"switch": n.reason},
-            )])
-        return Decision()
+        return Decision(job_notices=[JobNotice(
+            ts=n.ts, job=j, node=node, kind="fabric", fault_class=FaultClass.fabric_switch,
+            incident=n.signature or stable_id("switch", n.reason), evidence={"switch": n.reason},
+        ) for j in _jobs_at(h, n.ts)])
     if n.kind == "placed":
-        h["job"], h["job_since"] = n.job, n.ts
+        h["jobs"][n.job] = n.ts
+        h["left"] = [x for x in h["left"] if x[0] != n.job]
         if h["state"] in OUT_OF_POOL and h.get("incident"):
             # The fault was seen before the placement was known here (the two arrive on
             # different topics): tell the job now, so it is not blamed on its code; stamped
@@ -368,9 +401,9 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
             )])
         return Decision()
     if n.kind == "released":
-        if h.get("job") == n.job:
-            h["left"] = [n.job, h.get("job_since"), n.ts]
-            h["job"] = None
+        if n.job in h["jobs"]:
+            since = h["jobs"].pop(n.job)
+            h["left"] = (h["left"] + [[n.job, since, n.ts]])[-LEFT_KEPT:]
         return Decision()
     if n.kind == "job_failed":
         share = 1.0 / n.job_nodes if n.job_nodes else 1.0
@@ -392,8 +425,8 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
             evidence = {"rule": "failures of different jobs keep beginning on this node (repeat_origin_failures)",
                         "failures_began_here": [list(x) for x in began], "window_s": cfg.repeat_origin_window_s,
                         "failed_jobs": sorted(began_here), "anomalies": []}
-            h["job"] = h.get("job") or n.job
-            return _isolate_node(h, node, n.ts, FaultClass.unknown, evidence, confidence=0.7, incident=incident, hard=True)
+            return _isolate_node(h, node, n.ts, FaultClass.unknown, evidence, confidence=0.7, incident=incident,
+                                 hard=True, failed_job=n.job)
         lo = n.ts - cfg.repeat_failure_window_s
         blame: dict[str, float] = {}
         for t, j, (job_share, _, _) in failed:
@@ -407,8 +440,8 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
             evidence = {"rule": "in the failures of several jobs, carrying their blame (repeat_failure_jobs)",
                         "failed_jobs": jobs, "window_s": cfg.repeat_failure_window_s, "anomalies": [],
                         "blame": round(sum(blame.values()), 3)}
-            h["job"] = h.get("job") or n.job  # tell the failed job if nothing newer runs here
-            return _isolate_node(h, node, n.ts, FaultClass.unknown, evidence, confidence=0.6, incident=incident, hard=True)
+            return _isolate_node(h, node, n.ts, FaultClass.unknown, evidence, confidence=0.6, incident=incident,
+                                 hard=True, failed_job=n.job)
         return Decision()
     if n.kind == "hardware_failure":
         # a job's own output named a hardware fault on this node (an Xid line, an
@@ -418,9 +451,9 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
         fc = n.fault_class or FaultClass.gpu_hardware
         evidence = {"anomalies": [], "job_output": n.evidence, "detail": n.reason,
                     "rule": "a job's output named a hardware fault on this node"}
-        h["job"] = h.get("job") or n.job
         return _isolate_node(h, node, n.ts, fc, evidence, confidence=0.85,
-                             incident=n.signature or stable_id("node", node, "job-output", n.job, n.attempt), hard=True)
+                             incident=n.signature or stable_id("node", node, "job-output", n.job, n.attempt), hard=True,
+                             failed_job=n.job)
     if n.kind == "operator_return":
         # a person returned the node to service: its history starts again
         h.update(state=HEALTHY, since=n.ts, incident=None, fault_class=None, anomalies=[], failed_jobs=[],
@@ -761,24 +794,50 @@ def job_on_event(hist: dict[str, Any], e: JobEvent, cfg: PolicySettings, wall_no
             d.node_notices.append(NodeNotice(ts=e.ts, node=n, kind="released", job=e.job, attempt=e.attempt))
         return d
     # failed
-    if e.attempt in hist["decided"] or any(w["attempt"] == e.attempt for w in waiting):
+    moving = next((w for w in waiting if w["attempt"] == e.attempt and w.get("moving")), None)
+    if e.attempt in hist["decided"] or (moving is None and any(w["attempt"] == e.attempt for w in waiting)):
         return d  # a duplicate of a failure already judged or being judged
     nodes = list(e.nodes or hist["nodes"])
     failure = failure_record(e, nodes)
     hist["failures"] = (hist["failures"] + [failure])[-MAX_KEPT:]
     if e.attempt == hist["attempt"]:
         hist["status"] = "failed"
-    faults = _recent_node_faults(hist, nodes, e.ts, cfg.degrade_window_s, until=e.ts + cfg.correlation_grace_s)
-    if faults and not waiting:
-        return _decide_hardware(hist, e.ts, faults, failure)
     # wait for node evidence up to the end of the grace, in event time: judged once the
-    # telemetry watermark passes it, or after correlation_wait_max_s of wall time at most.
+    # telemetry watermark passes it, or after correlation_wait_max_s of wall time at most,
+    # even when evidence is here already (a second node's may still be on its way).
     # Failures of later attempts wait behind it (a fast replay or a quick restart can
-    # bring them before it is judged) and are judged in order.
-    waiting.append({"attempt": e.attempt, "ts": e.ts, "deadline_ts": e.ts + cfg.correlation_grace_s,
+    # bring them before it is judged) and are judged in order.  A job about to be moved
+    # off a faulty node that fails first is judged as a failure, no later than the move.
+    if moving is not None:
+        waiting.remove(moving)
+    deadline = e.ts + cfg.correlation_grace_s
+    waiting.append({"attempt": e.attempt, "ts": e.ts,
+                    "deadline_ts": min(deadline, moving["deadline_ts"]) if moving else deadline,
                     "deadline_wall": wall_now + cfg.correlation_wait_max_s})
     waiting.sort(key=lambda w: w["attempt"])
     return _next_tick(d, hist)
+
+
+def _move_off_faulty_nodes(hist: dict[str, Any], w: dict[str, Any], cfg: PolicySettings) -> Decision:
+    """A running job whose node took a hard fault, once the grace for faults on its other
+    nodes has passed: requeued without every node at fault, from its last checkpoint,
+    before it fails (the node is being drained under it).  Stamped with the grace's end."""
+    attempt = w["attempt"]
+    faults = {n: f for n, f in _recent_node_faults(hist, hist["nodes"], w["ts"], cfg.degrade_window_s,
+                                                   until=w["deadline_ts"]).items() if f["kind"] == "node_fault"}
+    _settle(hist, attempt)
+    if not faults or attempt != hist["attempt"] or hist["status"] != "running":
+        return Decision()  # it moved, ended or failed meanwhile: nothing to move
+    first = min(faults.values(), key=lambda f: f["ts"])
+    v = _job_verdict(
+        hist, w["deadline_ts"], first["incident"], FaultClass(first["fault_class"]), ActionName.requeue, 0.9,
+        {"node_faults": faults, "reason": "a node it runs on took a hard fault: moved before it fails",
+         "checkpoint": hist["checkpoint"]},
+        {"exclude": sorted(faults), "from_checkpoint": True},
+    )
+    hist["pending"] = None  # a move at the next checkpoint is overtaken
+    hist["status"] = "requeued"
+    return Decision(verdicts=[v])
 
 
 def _migrate(hist: dict[str, Any], ts: float, pend: dict[str, Any], *, reason: str) -> Decision:
@@ -806,19 +865,21 @@ def job_on_notice(hist: dict[str, Any], n: JobNotice, cfg: PolicySettings, wall_
         "kind": n.kind, "fault_class": n.fault_class.value, "incident": n.incident, "ts": n.ts,
     }
     pend = hist["pending"]
-    if n.kind in ("node_fault", "fabric"):
-        # only the oldest waiting failure is judged at once (the job's verdicts come out in
-        # the order of its attempts); later ones find the evidence when their turn comes
-        w = next(iter(_waiting(hist)), None)
-        failure = _failure_of(hist, w["attempt"]) if w else None
-        if w and failure and n.node in failure["nodes"]:
-            faults = _recent_node_faults(hist, failure["nodes"], w["ts"], cfg.degrade_window_s, until=w["deadline_ts"])
-            if faults:
-                # stamped with the failure's time, as when the evidence came before it: the
-                # verdict is the same whichever arrived first
-                return _decide_hardware(hist, w["ts"], faults, failure)
-            # a notice about a fault long before this failure (older than the window) or
-            # after its grace is not evidence for it: it waits as if it had not come
+    if n.kind == "fabric":
+        return Decision()  # evidence for a failure, judged when its grace ends
+    waiting = _waiting(hist)
+    if n.kind == "node_fault":
+        # Evidence for a failure waiting, judged when its grace ends (another node's may be
+        # on its way).  A job still running on the node is moved off it before it fails:
+        # it waits the same grace for faults of its other nodes, then is requeued without
+        # them all, from its last checkpoint.
+        attempt = hist["attempt"]
+        if (hist["status"] == "running" and n.node in hist["nodes"] and attempt not in hist["decided"]
+                and not any(w["attempt"] == attempt for w in waiting)):
+            waiting.append({"attempt": attempt, "ts": n.ts, "deadline_ts": n.ts + cfg.correlation_grace_s,
+                            "deadline_wall": wall_now + cfg.correlation_wait_max_s, "moving": True})
+            waiting.sort(key=lambda w: w["attempt"])
+            return _next_tick(Decision(), hist)
         return Decision()
     # node_degrading: move the job off the node at its next checkpoint (or deadline)
     if hist["status"] == "running" and n.node in hist["nodes"] and not pend:
@@ -842,7 +903,10 @@ def job_on_tick(hist: dict[str, Any], cfg: PolicySettings, wall_now: float, ts: 
         if ts < w["deadline_ts"] and wall_now < w["deadline_wall"]:
             break
         failure = _failure_of(hist, w["attempt"])
-        if failure is None:  # forgotten (beyond MAX_KEPT): nothing to judge
+        if w.get("moving"):
+            got = _move_off_faulty_nodes(hist, w, cfg)
+            d.verdicts += got.verdicts
+        elif failure is None:  # forgotten (beyond MAX_KEPT): nothing to judge
             _settle(hist, w["attempt"])
         else:
             faults = _recent_node_faults(hist, failure["nodes"], w["ts"], cfg.degrade_window_s, until=w["deadline_ts"])

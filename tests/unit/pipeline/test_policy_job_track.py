@@ -62,7 +62,8 @@ def test_starting_a_job_tells_each_node_it_was_placed(cfg) -> None:
 def test_a_failure_after_a_node_fault_requeues_excluding_that_node(cfg) -> None:
     hist = _running(cfg)
     job_on_notice(hist, job_notice(JOB, "node-0002", "node_fault", T0 + 5, incident="inc-xid79"), cfg, WALL)
-    d = _fail(hist, cfg, T0 + 6, exit_code=1, reason="CUDA error: unspecified launch failure")
+    assert _fail(hist, cfg, T0 + 6, exit_code=1, reason="CUDA error: unspecified launch failure").verdicts == []
+    d = job_on_tick(hist, cfg, WALL + 1, T0 + 6 + GRACE)
     v, a = _only(d)
     assert a.action is ActionName.requeue and a.target == JOB
     assert a.params["exclude"] == ["node-0002"]
@@ -132,11 +133,14 @@ def test_the_node_a_failure_began_on_is_told_so(cfg) -> None:
     assert not [n for n in d.node_notices if n.origin]
 
 
-def test_a_node_fault_arriving_while_a_failure_waits_decides_hardware_at_once(cfg) -> None:
+def test_a_node_fault_arriving_while_a_failure_waits_is_its_evidence_when_the_grace_ends(cfg) -> None:
     hist = _running(cfg)
     _fail(hist, cfg, T0 + 6, **NCCL)
     d = job_on_notice(hist, job_notice(JOB, "node-0001", "node_fault", T0 + 7, incident="inc-ecc",
                                        fault_class=FaultClass.gpu_memory), cfg, WALL + 1)
+    assert d.verdicts == []  # another node's evidence may still be on its way
+    assert job_on_tick(hist, cfg, WALL + 1, T0 + 6 + GRACE - 0.1).verdicts == []
+    d = job_on_tick(hist, cfg, WALL + 2, T0 + 6 + GRACE)
     v, a = _only(d)
     assert a.action is ActionName.requeue and a.params["exclude"] == ["node-0001"]
     assert (v.incident, v.fault_class) == ("inc-ecc", FaultClass.gpu_memory)
@@ -247,7 +251,8 @@ def _replay(cfg: PolicySettings) -> list[str]:
     ids = [v.id for v in _judged(hist, cfg, T0 + 6, **NCCL).verdicts]
     _running(cfg, attempt=2, hist=hist, ts=T0 + 20)
     job_on_notice(hist, job_notice(JOB, "node-0001", "node_fault", T0 + 25, incident="inc-2"), cfg, WALL)
-    ids += [v.id for v in _fail(hist, cfg, T0 + 26, attempt=2, **NCCL).verdicts]
+    _fail(hist, cfg, T0 + 26, attempt=2, **NCCL)
+    ids += [v.id for v in job_on_tick(hist, cfg, WALL, T0 + 26 + GRACE).verdicts]
     return ids
 
 
@@ -337,3 +342,59 @@ def test_an_illegal_memory_access_runs_once_elsewhere_and_a_users_bug_is_then_st
     v2, a2 = _only(job_on_tick(hist, cfg, WALL, T0 + 60 + GRACE))
     assert a2.action is ActionName.stop and v2.fault_class is FaultClass.user_error
     assert v2.evidence["decided_by"] == "same_failure_on_other_nodes"
+
+
+def test_faults_on_two_nodes_just_before_a_failure_exclude_both_whatever_order_they_arrive_in(cfg) -> None:
+    # GPUs of two nodes fall off the bus 0.1 s apart and the job fails 0.15 s later; the
+    # second node's notice reaches the job track after the failure (its anomaly was still
+    # in flight).  Both nodes are excluded, in any arrival order.
+    fault_a = job_notice(JOB, "node-0001", "node_fault", T0 + 10.0, incident="inc-a")
+    fault_b = job_notice(JOB, "node-0002", "node_fault", T0 + 10.1, incident="inc-b")
+    fail = job_event(JOB, "failed", T0 + 10.25, nodes=NODES, exit_code=1, reason="CUDA error: unknown error")
+    orders = [[fault_a, fail, fault_b], [fail, fault_a, fault_b], [fault_b, fault_a, fail], [fail, fault_b, fault_a]]
+    got = []
+    for order in orders:
+        hist = _running(cfg)
+        verdicts = []
+        for rec in order:
+            d = (job_on_event(hist, rec, cfg, WALL) if rec.schema_ == "job/1" else job_on_notice(hist, rec, cfg, WALL))
+            verdicts += d.verdicts
+        verdicts += job_on_tick(hist, cfg, WALL + 1, T0 + 10.25 + GRACE).verdicts
+        [v] = verdicts
+        [a] = v.actions
+        got.append((v.id, a.action, tuple(a.params["exclude"])))
+    assert got[0][1:] == (ActionName.requeue, ("node-0001", "node-0002"))
+    assert len(set(got)) == 1, got
+
+
+def test_a_hard_fault_under_a_running_job_moves_it_off_the_node_before_it_fails(cfg) -> None:
+    hist = _running(cfg)
+    job_on_event(hist, job_event(JOB, "checkpoint", T0 + 50, nodes=NODES, checkpoint_step=400), cfg, WALL)
+    d = job_on_notice(hist, job_notice(JOB, "node-0002", "node_fault", T0 + 60, incident="inc-nvlink",
+                                       fault_class=FaultClass.nvlink), cfg, WALL)
+    assert d.verdicts == [] and d.tick_ts == T0 + 60 + GRACE  # waits for faults on its other nodes
+    v, a = _only(job_on_tick(hist, cfg, WALL + 1, T0 + 60 + GRACE))
+    assert (a.action, a.params["exclude"], a.params["from_checkpoint"]) == (ActionName.requeue, ["node-0002"], True)
+    assert (v.fault_class, v.incident, v.ts) == (FaultClass.nvlink, "inc-nvlink", T0 + 60 + GRACE)
+    assert v.evidence["checkpoint"]["step"] == 400
+    # the attempt then dies as its node is drained: no second verdict
+    assert _fail(hist, cfg, T0 + 70, exit_code=137, reason="Evicted").verdicts == []
+    assert job_on_tick(hist, cfg, WALL + 9, T0 + 80).verdicts == []
+
+
+def test_a_job_that_fails_while_it_is_about_to_be_moved_is_judged_once_as_a_failure(cfg) -> None:
+    hist = _running(cfg)
+    job_on_notice(hist, job_notice(JOB, "node-0002", "node_fault", T0 + 60, incident="inc-x"), cfg, WALL)
+    assert _fail(hist, cfg, T0 + 60.5, exit_code=1, reason="CUDA error: unknown error").verdicts == []
+    d = job_on_tick(hist, cfg, WALL + 1, T0 + 60 + GRACE)  # no later than the move was due
+    v, a = _only(d)
+    assert a.params["exclude"] == ["node-0002"] and v.evidence["failure"]["attempt"] == 1
+    assert job_on_tick(hist, cfg, WALL + 9, T0 + 90).verdicts == []
+
+
+def test_a_fault_on_a_node_the_job_left_or_a_finished_job_moves_nothing(cfg) -> None:
+    hist = _running(cfg)
+    assert job_on_notice(hist, job_notice(JOB, "node-0099", "node_fault", T0 + 5), cfg, WALL).tick_ts is None
+    job_on_event(hist, job_event(JOB, "completed", T0 + 6, nodes=NODES), cfg, WALL)
+    assert job_on_notice(hist, job_notice(JOB, "node-0001", "node_fault", T0 + 7), cfg, WALL).tick_ts is None
+    assert job_on_tick(hist, cfg, WALL + 99, T0 + 99).verdicts == []

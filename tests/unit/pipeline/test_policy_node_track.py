@@ -297,3 +297,42 @@ def test_a_fault_is_told_to_the_job_it_struck_whether_the_release_came_first_or_
     node_on_notice(h, node_notice(NODE, "placed", JOB, ts=T0), cfg)
     node_on_notice(h, node_notice(NODE, "released", JOB, ts=T0 + 100), cfg)
     assert node_on_anomaly(h, critical_gpu_lost(NODE, T0 + 101), cfg).job_notices == []
+
+
+def test_every_job_running_on_a_node_is_told_of_its_fault(cfg) -> None:
+    # two single-GPU jobs share the node; a third left before the fault, a fourth comes after
+    h = new_node_health()
+    node_on_notice(h, node_notice(NODE, "placed", "job-a", ts=T0), cfg)
+    node_on_notice(h, node_notice(NODE, "placed", "job-b", ts=T0 + 5), cfg)
+    node_on_notice(h, node_notice(NODE, "placed", "job-c", ts=T0 + 1), cfg)
+    node_on_notice(h, node_notice(NODE, "released", "job-c", ts=T0 + 10), cfg)
+    d = node_on_anomaly(h, critical_gpu_lost(NODE, T0 + 20), cfg)
+    assert sorted((n.job, n.kind) for n in d.job_notices) == [("job-a", "node_fault"), ("job-b", "node_fault")]
+    [v] = d.verdicts
+    assert v.evidence["jobs"] == ["job-a", "job-b"]
+    # a job placed on the node after it was isolated is told at once
+    d = node_on_notice(h, node_notice(NODE, "placed", "job-d", ts=T0 + 30), cfg)
+    assert [(n.job, n.kind) for n in d.job_notices] == [("job-d", "node_fault")]
+
+
+def test_a_degrading_node_warns_every_job_on_it(cfg) -> None:
+    h = new_node_health()
+    for j in ("job-a", "job-b"):
+        node_on_notice(h, node_notice(NODE, "placed", j, ts=T0), cfg)
+    d = None
+    for i in range(3):
+        d = node_on_anomaly(h, _warning(T0 + 10 + i), cfg)
+    assert sorted((n.job, n.kind) for n in d.job_notices) == [("job-a", "node_degrading"), ("job-b", "node_degrading")]
+
+
+def test_a_node_state_kept_in_the_older_one_job_shape_is_read_as_today(cfg) -> None:
+    old = {"state": HEALTHY, "since": 0.0, "job": JOB, "job_since": T0, "left": ["job-z", T0 - 100, T0 - 1],
+           "anomalies": [], "failed_jobs": [], "returns": [], "incident": None, "fault_class": None}
+    d = node_on_anomaly(old, critical_gpu_lost(NODE, T0 + 5), cfg)
+    assert [n.job for n in d.job_notices] == [JOB]
+    assert old["jobs"] == {JOB: T0} and old["left"] == [["job-z", T0 - 100, T0 - 1]]
+    assert "job" not in old and "job_since" not in old
+    # a fault within the job that left: told to it
+    old2 = {"state": HEALTHY, "since": 0.0, "job": None, "left": ["job-z", T0 - 100, T0 - 1], "anomalies": [],
+            "failed_jobs": [], "returns": [], "incident": None, "fault_class": None}
+    assert [n.job for n in node_on_anomaly(old2, critical_gpu_lost(NODE, T0 - 50), cfg).job_notices] == ["job-z"]
