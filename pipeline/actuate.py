@@ -8,9 +8,17 @@ For every planned action, in the verdict's order:
 2. **guards**: an isolation asks the circuit breaker; beyond the budget it is *held*
    (``held_by_budget``), the node's other actions in that verdict are held too, and the
    hold is escalated for a human;
-3. **act**: the backend observes, compares and acts, retried with backoff on temporary
-   errors;
+3. **act**: the backend observes, compares and acts; a temporary error makes the action a
+   :class:`Work` item again, with its attempt count and the wall time of its next try
+   (backoff), which the worker keeps in a changelogged table and an
+   :class:`ActionRunner` tries when due: nothing sleeps in the stream, a drain that a
+   PodDisruptionBudget blocks waits (up to ``actuators.drain_wait_s``) without holding up
+   any other target;
 4. **report**: an :class:`ActionRecord` for the ``actions`` topic, and the ledger entry.
+
+:meth:`Actuation.plan` does 1 and 2 and returns the records and the work in the verdict's
+order, :meth:`Actuation.attempt` makes one try, :meth:`Actuation.finish` settles it;
+:meth:`Actuation.carry_out` chains them for in-process callers (it waits between tries).
 
 Escalations also go to the notifier (``actuators.webhook_url``).  With ``deliver_later``
 set (the worker sets it) those deliveries run in the background, so a webhook that is down
@@ -19,11 +27,13 @@ delays no later action; their records are reported when each delivery settles.
 
 from __future__ import annotations
 
+import asyncio
+import bisect
 import fnmatch
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 from actuators import (
@@ -34,6 +44,7 @@ from actuators import (
     PermanentError,
     RetriesExhausted,
     RetryPolicy,
+    TemporaryError,
     call_with_retry,
 )
 from actuators.dryrun import DryRun, DryRunBackend
@@ -86,6 +97,34 @@ class BackendRouter:
         return self.default_backend
 
 
+@dataclass(frozen=True)
+class Work:
+    """An action of a verdict still to be carried out at its backend: plain data, kept
+    where a restart finds it (the worker's ``action_pending`` table)."""
+
+    key: str
+    #: the verdict, as JSON data (the action is its ``index``-th)
+    verdict: dict[str, Any]
+    index: int
+    target: str
+    #: order among the work on one target (the verdict's offset * 64 + index in the worker)
+    seq: int = 0
+    #: partition of the verdict (its owner carries it out)
+    partition: int = 0
+    attempt: int = 0
+    #: wall time of the next try, and of the first
+    due: float = 0.0
+    first_at: float | None = None
+    last_error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Work:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
 @dataclass
 class Actuation:
     backend: Backend
@@ -103,6 +142,9 @@ class Actuation:
     #: settles; returns False when it cannot take more.  None: deliveries run inline and
     #: their records come back with the verdict's.
     deliver_later: Callable[[Coroutine[Any, Any, ActionRecord]], bool] | None = None
+    #: a drain refused for now (a PodDisruptionBudget) is tried again for this long (wall
+    #: seconds since its first try) before it is reported failed
+    drain_wait_s: float = 1800.0
 
     def backend_for(self, req: ActionRequest) -> Backend:
         b = self.router(req) if self.router is not None else self.backend
@@ -110,29 +152,38 @@ class Actuation:
             return DryRun(b)
         return b
 
-    async def carry_out(self, verdict: Verdict) -> list[ActionRecord]:
-        records: list[ActionRecord] = []
+    @staticmethod
+    def request(verdict: Verdict, index: int) -> ActionRequest:
+        planned = verdict.actions[index]
+        return ActionRequest(
+            verdict_id=verdict.id,
+            action=planned.action,
+            target=planned.target,
+            params=dict(planned.params),
+            reason=f"{verdict.fault_class.value} ({verdict.scope} {verdict.subject}, incident {verdict.incident})",
+        )
+
+    async def plan(self, verdict: Verdict, *, seq: int = 0, partition: int = 0) -> list[ActionRecord | Work]:
+        """The verdict's actions in order: a record for each settled at once (replayed,
+        alert-only, held by the breaker, and the escalation of a hold), a :class:`Work`
+        for each that the backend must carry out."""
+        out: list[ActionRecord | Work] = []
         held_targets: set[str] = set()
-        for planned in verdict.actions:
-            req = ActionRequest(
-                verdict_id=verdict.id,
-                action=planned.action,
-                target=planned.target,
-                params=dict(planned.params),
-                reason=f"{verdict.fault_class.value} ({verdict.scope} {verdict.subject}, incident {verdict.incident})",
-            )
+        doc: dict[str, Any] | None = None
+        for i, planned in enumerate(verdict.actions):
+            req = self.request(verdict, i)
             prior = self.ledger.get(req.key)
             if prior is not None and Outcome(prior) in SETTLED:
-                records.append(self._record(req, Outcome.already_so, f"replayed: already {prior}", 0, verdict.ts))
+                out.append(self._record(req, Outcome.already_so, f"replayed: already {prior}", 0, verdict.ts))
                 continue
             if planned.params.get("alert_only"):
                 # a shared component (a switch) is not ours to act on: alert a human
-                records.append(await self._alert(req, verdict.ts))
-                self.ledger[req.key] = records[-1].outcome.value
+                out.append(await self._alert(req, verdict.ts))
+                self.ledger[req.key] = out[-1].outcome.value
                 continue
             if planned.target in held_targets:
                 rec = self._record(req, Outcome.held_by_budget, "held with the isolation of this node", 0, verdict.ts)
-                records.append(rec)
+                out.append(rec)
                 self.ledger[req.key] = rec.outcome.value
                 continue
             if planned.action is ActionName.isolate and not planned.params.get("operator"):
@@ -141,18 +192,79 @@ class Actuation:
                 if not decision.allowed:
                     held_targets.add(planned.target)
                     rec = self._record(req, Outcome.held_by_budget, decision.reason, 0, verdict.ts)
-                    records.append(rec)
+                    out.append(rec)
                     self.ledger[req.key] = rec.outcome.value
-                    records.extend(await self._escalate_hold(verdict, req, decision.reason))
+                    out.extend(await self._escalate_hold(verdict, req, decision.reason))
                     continue
-            rec = await self._apply(self.backend_for(req), req, verdict.ts)
-            if planned.action is ActionName.isolate and rec.outcome is Outcome.failed:
-                self.breaker.release(planned.target)
-            records.append(rec)
-            if rec.outcome in SETTLED:
-                self.ledger[req.key] = rec.outcome.value
-            if planned.action is ActionName.escalate and self.notifier is not None:
-                records.extend(await self._notify(req, verdict.ts))
+            doc = doc if doc is not None else verdict.to_dict()
+            out.append(Work(key=req.key, verdict=doc, index=i, target=planned.target, seq=seq * 64 + i,
+                            partition=partition))
+        return out
+
+    async def attempt(self, w: Work, now: float) -> ActionRecord | Work:
+        """One try of ``w`` at its backend, no waiting: its record when it settled or
+        failed for good, else ``w`` again with the attempt counted and its next due time."""
+        verdict = Verdict.model_validate(w.verdict)
+        req = self.request(verdict, w.index)
+        prior = self.ledger.get(req.key)
+        if prior is not None and Outcome(prior) in SETTLED:
+            return self._record(req, Outcome.already_so, f"replayed: already {prior}", 0, verdict.ts)
+        backend = self.backend_for(req)
+        if not backend.supports(req.action):
+            return self._record(req, Outcome.failed, f"backend {backend.name} cannot {req.action.value}", 0,
+                                verdict.ts, backend.name)
+        attempt = w.attempt + 1
+        try:
+            result = await backend.apply(req)
+        except PermanentError as exc:
+            return self._record(req, Outcome.failed, f"permanent: {exc}", attempt, verdict.ts, backend.name)
+        except (TemporaryError, ConnectionError, TimeoutError, OSError) as exc:
+            first = w.first_at if w.first_at is not None else now
+            patient = req.action is ActionName.drain and now - first < self.drain_wait_s
+            if attempt >= self.retry.max_attempts and not patient:
+                return self._record(req, Outcome.failed, f"gave up after {attempt} attempts: {exc}", attempt,
+                                    verdict.ts, backend.name)
+            delay = self.retry.delay(attempt, exc.delay if isinstance(exc, TemporaryError) else None)
+            log.warning("%s %s on %s: attempt %d failed (%s); next try in %.2fs",
+                        backend.name, req.action.value, req.target, attempt, exc, delay)
+            return replace(w, attempt=attempt, first_at=first, due=now + delay, last_error=str(exc)[:500])
+        except Exception as exc:  # a backend bug must not stop the pipeline
+            log.exception("backend %s crashed on %s", backend.name, req.key)
+            return self._record(req, Outcome.failed, f"backend error: {exc!r}", attempt, verdict.ts, backend.name)
+        assert isinstance(result, ActionResult)
+        return self._record(req, result.outcome, result.detail, attempt, verdict.ts, backend.name)
+
+    async def finish(self, w: Work, rec: ActionRecord) -> list[ActionRecord]:
+        """Settle ``w`` with its record: the ledger, the breaker (a failed isolation gives
+        its slot back), the notifier (an escalation); the records to report."""
+        records = [rec]
+        if rec.action is ActionName.isolate and rec.outcome is Outcome.failed:
+            self.breaker.release(rec.target)
+        if rec.outcome in SETTLED:
+            self.ledger[rec.key] = rec.outcome.value
+        if rec.action is ActionName.escalate and self.notifier is not None and rec.outcome is not Outcome.already_so:
+            req = self.request(Verdict.model_validate(w.verdict), w.index)
+            records.extend(await self._notify(req, rec.ts))
+        return records
+
+    async def carry_out(self, verdict: Verdict) -> list[ActionRecord]:
+        """The whole verdict, in process: each action tried until it settles (waiting
+        between tries with ``sleep``); for callers outside a stream."""
+        sleep = self.sleep or asyncio.sleep
+        records: list[ActionRecord] = []
+        for step in await self.plan(verdict):
+            if isinstance(step, ActionRecord):
+                records.append(step)
+                continue
+            w = step
+            while True:
+                now = self.clock()
+                got = await self.attempt(w, now)
+                if isinstance(got, ActionRecord):
+                    records.extend(await self.finish(w, got))
+                    break
+                w = got
+                await sleep(max(0.0, w.due - now))
         return records
 
     async def _notify(self, req: ActionRequest, ts: float) -> list[ActionRecord]:
@@ -185,6 +297,8 @@ class Actuation:
         return await self._notify(alert, verdict.ts)
 
     async def _apply(self, backend: Backend, req: ActionRequest, ts: float) -> ActionRecord:
+        """A notifier delivery, retried with backoff until it settles (it runs off the
+        stream's path: ``deliver_later``)."""
         if not backend.supports(req.action):
             return self._record(req, Outcome.failed, f"backend {backend.name} cannot {req.action.value}", 0, ts, backend.name)
 
@@ -220,3 +334,102 @@ class Actuation:
             detail=detail[:2000],
             attempts=max(attempts, 1),
         )
+
+
+Report = Callable[[Work, "ActionRecord | Work"], Awaitable[None]]
+
+
+class ActionRunner:
+    """Carries :class:`Work` out in the background, never in the stream's way.
+
+    Per target one try at a time, in ``seq`` order (a node's isolation before its drain,
+    an older verdict's actions before a newer one's); at most ``max_in_flight`` targets at
+    once; each try when it is due. ``report`` hears every try's result (the worker writes
+    it down and publishes the record); ``owns(partition)`` says whether this worker still
+    carries out that partition's work (after a rebalance, the new owner does).
+    """
+
+    def __init__(self, actuation: Actuation, report: Report, *, max_in_flight: int = 64,
+                 owns: Callable[[int], bool] | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.actuation, self.report, self.max_in_flight = actuation, report, max_in_flight
+        self.owns = owns or (lambda p: True)
+        self.clock = clock
+        self.queues: dict[str, list[Work]] = {}
+        self.keys: set[str] = set()
+        self.busy: set[str] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.tries = 0
+        self._wake = asyncio.Event()
+
+    @property
+    def pending(self) -> int:
+        return len(self.keys)
+
+    def add(self, w: Work) -> bool:
+        """Queue ``w`` behind the work on its target (by ``seq``); False if it is queued."""
+        if w.key in self.keys:
+            return False
+        bisect.insort(self.queues.setdefault(w.target, []), w, key=lambda x: x.seq)
+        self.keys.add(w.key)
+        self._wake.set()
+        return True
+
+    def start_due(self, now: float) -> int:
+        """Start every try that is due, within ``max_in_flight``; how many started."""
+        started = 0
+        for target in list(self.queues):
+            if len(self.busy) >= self.max_in_flight:
+                break
+            q = self.queues[target]
+            while q and not self.owns(q[0].partition):
+                self.keys.discard(q.pop(0).key)  # its partition moved to another worker
+            if not q:
+                del self.queues[target]
+                continue
+            if target in self.busy or q[0].due > now:
+                continue
+            self.busy.add(target)
+            task = asyncio.ensure_future(self._one(q[0]))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+            started += 1
+        return started
+
+    def next_due(self) -> float | None:
+        return min((q[0].due for t, q in self.queues.items() if q and t not in self.busy), default=None)
+
+    async def _one(self, w: Work) -> None:
+        got: ActionRecord | Work
+        try:
+            self.tries += 1
+            got = await self.actuation.attempt(w, self.clock())
+            await self.report(w, got)
+        except Exception:  # not reported: tried again a little later (the backend is idempotent)
+            log.exception("action %s: its result could not be reported; trying again", w.key)
+            got = replace(w, due=self.clock() + 1.0)
+        finally:
+            self.busy.discard(w.target)
+            self._wake.set()
+        q = self.queues.get(w.target) or []
+        if q and q[0].key == w.key:
+            if isinstance(got, Work):
+                q[0] = got
+            else:
+                q.pop(0)
+                self.keys.discard(w.key)
+            if not q:
+                self.queues.pop(w.target, None)
+
+    async def run(self, should_stop: Callable[[], bool]) -> None:
+        """The pump: start what is due, then wait for new work, a finished try or the next
+        due time (at most a second)."""
+        while not should_stop():
+            now = self.clock()
+            self._wake.clear()
+            self.start_due(now)
+            nxt = self.next_due()
+            timeout = 1.0 if nxt is None else min(1.0, max(0.01, nxt - now))
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass

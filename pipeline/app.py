@@ -36,6 +36,7 @@ from actuators.dryrun import DryRunBackend
 from schemas import (
     ActionName,
     ActionRecord,
+    ActionStep,
     Anomaly,
     DecodeError,
     GpuSample,
@@ -53,7 +54,7 @@ from schemas import (
 
 from . import faust_fixes  # noqa: F401  (patches two record-loss races in Faust on import)
 from . import policy
-from .actuate import Actuation, BackendRouter
+from .actuate import ActionRunner, Actuation, BackendRouter, Work
 from .config import Settings, state_dir
 from .control import HELD, ControlLog, ControlState, dry_run_record, held_record
 from .detect import (
@@ -222,6 +223,9 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     t_dead = topic("deadletter")
     t_node_in, t_job_in = topic("internal.node-notices"), topic("internal.job-notices")
     t_switch_in = topic("internal.switch-notices")
+    t_steps = topic("internal.actions")
+    actuation_source = app.topic(specs["verdicts"].name, specs["internal.actions"].name,
+                                 partitions=s.kafka.decision_partitions, key_type=bytes, value_type=bytes)
     node_source = app.topic(specs["anomalies"].name, specs["internal.node-notices"].name,
                             partitions=s.kafka.partitions, key_type=bytes, value_type=bytes)
     job_source = app.topic(specs["telemetry.job"].name, specs["internal.job-notices"].name,
@@ -238,6 +242,9 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                                   schema=json_schema)
     breaker_state = app.Table("breaker_state", default=None, partitions=s.kafka.decision_partitions,
                               schema=json_schema)
+    #: actions waiting for their next try (pipeline.actuate.Work), by idempotency key
+    action_pending = app.Table("action_pending", default=None, partitions=s.kafka.decision_partitions,
+                               schema=json_schema)
 
     gpu_detection = GpuDetection(s.detectors, capacity=s.safety.fleet_size)
     net_detection = NetworkDetection(s.detectors, capacity=s.safety.fleet_size, net=s.network)
@@ -256,8 +263,8 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     job_marks = LaggedWatermark(s.policy.correlation_lag_s)
     switch_marks = LaggedWatermark(s.network.tick_lag_s)
     switch_ticks: dict[str, float] = {}
-    state: dict[str, Any] = {"actuation": None, "ticks_scanned": False, "switch_ticks_scanned": False,
-                             "telemetry_consumer": None}
+    state: dict[str, Any] = {"actuation": None, "runner": None, "woken": set(), "ticks_scanned": False,
+                             "switch_ticks_scanned": False, "telemetry_consumer": None}
     # operator decisions (dry-run, held isolations) from the compacted control topic
     control_state = ControlState(default_dry_run=s.safety.dry_run)
 
@@ -699,8 +706,44 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                 ledger=_TableLedger(action_to_outcome),
                 dry_run=lambda: control_state.dry_run,
                 deliver_later=deliver_later,
+                drain_wait_s=a.drain_wait_s,
             )
         return state["actuation"]
+
+    def owns_decisions(partition: int) -> bool:
+        """Whether this worker holds that partition of the verdicts (it carries its work out)."""
+        name = specs["verdicts"].name
+        return any(tp.topic == name and tp.partition == partition for tp in app.consumer.assignment())
+
+    async def report_step(w: Work, got: ActionRecord | Work) -> None:
+        """A try's result goes back through the actuation agent, which writes it down (the
+        pending table and the ledger are written in the stream that owns them)."""
+        step = (ActionStep(ts=time.time(), kind="retry", key=w.key, work=got.to_dict()) if isinstance(got, Work)
+                else ActionStep(ts=time.time(), kind="done", key=w.key, work=w.to_dict(), record=got))
+        await t_steps.send(key=w.target.encode(), value=step.to_json(), partition=w.partition)
+
+    def runner() -> ActionRunner:
+        if state["runner"] is None:
+            state["runner"] = ActionRunner(actuation(), report_step, max_in_flight=s.actuators.max_in_flight,
+                                           owns=owns_decisions)
+        return state["runner"]
+
+    @app.task
+    async def run_actions() -> None:
+        await control.loaded.wait()
+        await runner().run(lambda: bool(app.should_stop))
+
+    @app.timer(interval=1.0)
+    async def wake_actions() -> None:
+        """After a start or a rebalance: tell the actuation agent of each partition newly
+        held here to load the work kept for it (it reads the table in its own stream)."""
+        if app.consumer is None or app.rebalancing:
+            return
+        name = specs["verdicts"].name
+        held = {tp.partition for tp in app.consumer.assignment() if tp.topic == name}
+        for p in sorted(held - state["woken"]):
+            await t_steps.send(key=b"wake", value=ActionStep(ts=time.time(), kind="wake").to_json(), partition=p)
+        state["woken"] = held
 
     # escalation webhook deliveries (actuators.webhook_url) run beside the actuate agent, at
     # most NOTIFY_BACKLOG at once; each settled delivery is an actions record
@@ -754,11 +797,38 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     alerts = build_alerts(s, record_action)
     app.fleetmedic_alerts = alerts  # type: ignore[attr-defined]
 
-    @app.agent(t_verdicts, name="actuate")
+    async def settle_step(event: Any) -> None:
+        """A try's result, from the runner: kept (retry) or settled (done)."""
+        step = await decode_event(event, ActionStep)
+        if step is None:
+            return
+        if step.kind == "wake":
+            loaded = sum(runner().add(Work.from_dict(d)) for _, d in list(action_pending.items()) if d)
+            if loaded:
+                log.info("resuming %d actions kept for their next try", loaded)
+            return
+        if action_pending.get(step.key) is None or step.work is None:
+            return  # settled already (a redelivered step)
+        if step.kind == "retry":
+            action_pending[step.key] = step.work
+            return
+        assert step.record is not None
+        records = await actuation().finish(Work.from_dict(step.work), step.record)
+        del action_pending[step.key]
+        breaker_state["isolations"] = breaker.snapshot()
+        metrics.breaker_used.set(len(breaker.snapshot()))
+        for r in records:
+            await record_action(r)
+
+    @app.agent(actuation_source, name="actuate")
     async def actuate(stream: faust.StreamT) -> None:
         # nothing is carried out before the operator's decisions are known (dry-run above all)
         await control.loaded.wait()
+        steps_topic = specs["internal.actions"].name
         async for event in stream.events():
+            if event.message.topic == steps_topic:
+                await settle_step(event)
+                continue
             rec = await decode_event(event, Verdict)
             if rec is None:
                 continue
@@ -769,7 +839,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             if saved and not breaker.snapshot():
                 breaker.restore(saved)
             try:
-                records = await actuation().carry_out(rec)
+                planned = await actuation().plan(rec, seq=event.message.offset, partition=event.message.partition)
             except Exception as exc:
                 log.exception("actuation failed for verdict %s", rec.id)
                 await send_dead(event, f"actuation error: {exc!r}")
@@ -777,8 +847,13 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             breaker_state["isolations"] = breaker.snapshot()
             metrics.breaker_used.set(len(breaker.snapshot()))
             metrics.breaker_budget.set(breaker.budget(fleet_size()))
-            for r in records:
-                await record_action(r)
+            for step in planned:
+                if isinstance(step, Work):
+                    if action_pending.get(step.key) is None:
+                        action_pending[step.key] = step.to_dict()
+                    runner().add(step)
+                else:
+                    await record_action(step)
 
     # ------------------------------------------------------------------ web views
 
@@ -848,7 +923,9 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                          "fabric_model": {"name": net_detection.model.name, "ready": net_detection.model.ready,
                                           "fits": net_detection.fits,
                                           "training_rows": min(net_detection.reservoir_seen, 20000)},
-                         "breaker_used": len(breaker.snapshot()), "detector_state_bytes": gpu_detection.nbytes() + net_detection.nbytes(),
+                         "breaker_used": len(breaker.snapshot()),
+                         "actions_waiting": state["runner"].pending if state["runner"] else 0,
+                         "action_tries": state["runner"].tries if state["runner"] else 0, "detector_state_bytes": gpu_detection.nbytes() + net_detection.nbytes(),
                          "timing": timing,
                          "rss_bytes": _rss_bytes()})
 

@@ -257,6 +257,9 @@ class ActuatorSettings(_Section):
     max_attempts: int = Field(6, ge=1, le=100)
     base_delay_s: float = Field(0.2, ge=0)
     max_delay_s: float = Field(10.0, ge=0)
+    drain_wait_s: float = Field(1800.0, ge=0, description="a drain refused for now (a PodDisruptionBudget) is "
+                                "tried again for this long (wall seconds) before it is reported failed")
+    max_in_flight: int = Field(64, ge=1, le=4096, description="targets acted on at once (each in its own order)")
 
 
 class WebhookSettings(_Section):

@@ -174,7 +174,11 @@ CLOCKS: list[tuple[str, str, tuple[str, ...], str]] = [
      "replay speed fits and scores alike"),
     ("circuit breaker window", "event", ("safety.window_s",), "isolations counted by their verdicts' event time"),
     ("actuator retries", "wall", ("actuators.base_delay_s", "actuators.max_delay_s"),
-     "exponential backoff between the attempts (actuators.max_attempts) of a backend that failed temporarily"),
+     "exponential backoff between the attempts (actuators.max_attempts) of a backend that failed temporarily; "
+     "each next try is a due time kept in the worker's action_pending table, never a sleep in the stream"),
+    ("a drain refused for now (a PodDisruptionBudget)", "wall", ("actuators.drain_wait_s",),
+     "tried again at the backoff's pace (or the server's Retry-After) past max_attempts, until this long after "
+     "its first try; other targets go on meanwhile (actuators.max_in_flight at once, each in its own order)"),
 ]
 
 #: what the job track does with each triage kind at the job's first failure, and later

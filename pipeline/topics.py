@@ -25,6 +25,7 @@ TABLES = {
     "switch_to_state": "partitions",
     "action_to_outcome": "decision_partitions",
     "breaker_state": "decision_partitions",
+    "action_pending": "decision_partitions",
 }
 
 
@@ -57,6 +58,7 @@ def topic_specs(s: Settings) -> dict[str, TopicSpec]:
             "anomalies": p,
             "verdicts": d,
             "actions": d,
+            "internal.actions": d,
             "deadletter": 1,
             "internal.node-notices": p,
             "internal.job-notices": p,

@@ -7,6 +7,7 @@ from .records import (
     NODE_ACTIONS,
     ActionName,
     ActionRecord,
+    ActionStep,
     Anomaly,
     ControlRecord,
     DeadLetter,
@@ -29,7 +30,7 @@ from .records import (
 )
 
 __all__ = [
-    "HARDWARE_CLASSES", "JOB_ACTIONS", "NODE_ACTIONS", "ActionName", "ActionRecord", "Anomaly",
+    "HARDWARE_CLASSES", "JOB_ACTIONS", "NODE_ACTIONS", "ActionName", "ActionRecord", "ActionStep", "Anomaly",
     "ControlRecord", "DeadLetter", "DecodeError", "FaultClass", "GpuSample", "JobEvent", "JobEventKind", "JobNotice",
     "NetworkSample", "NodeNotice", "Outcome", "PlannedAction", "PortSample", "Record", "Severity",
     "SwitchNotice", "Verdict", "Window", "XidEvent", "decode", "dead_letter", "encode",

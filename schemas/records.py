@@ -518,6 +518,19 @@ class SwitchNotice(Record):
     evidence: dict[str, Any] = Field({})
 
 
+class ActionStep(Record):
+    """Internal: one try of an action that the worker's action runner made (topic
+    ``internal.actions``, the verdict's partition): ``retry`` with the work as it now
+    stands, ``done`` with its action record, or ``wake`` (load the work kept in the
+    table, after a start or a rebalance)."""
+
+    schema_: Literal["action-step/1"] = Field("action-step/1", alias="schema")
+    kind: Literal["retry", "done", "wake"]
+    key: str = ""
+    work: dict[str, Any] | None = None
+    record: ActionRecord | None = None
+
+
 class ControlRecord(Record):
     """An operator decision that must outlive every worker (topic ``control``, compacted;
     key: ``key``). The latest record of a key is the decision in force; a key whose

@@ -1,0 +1,191 @@
+"""The action runner: many targets at once, each in its own order, a blocked drain waiting
+as data (a due time), never holding up the others, and nothing slept in the stream."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from actuators import ActionRequest, ActionResult, CircuitBreaker, RetryPolicy, TemporaryError
+from pipeline.actuate import ActionRunner, Actuation, Work
+from schemas import ActionName, ActionRecord, Outcome
+
+from .builders import T0, verdict
+
+pytestmark = pytest.mark.asyncio
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class GatedBackend:
+    """Each call waits at a gate (to count how many run at once); drains of the nodes in
+    ``pdb`` are refused as a PodDisruptionBudget refuses an eviction (HTTP 429)."""
+
+    name = "gated"
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.running = 0
+        self.most = 0
+        self.calls: list[tuple[str, str]] = []
+        self.pdb: set[str] = set()
+
+    def supports(self, action: ActionName) -> bool:
+        return True
+
+    async def apply(self, request: ActionRequest) -> ActionResult:
+        self.calls.append((request.action.value, request.target))
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await self.gate.wait()
+        finally:
+            self.running -= 1
+        if request.action is ActionName.drain and request.target in self.pdb:
+            raise TemporaryError("Cannot evict pod as it would violate the pod's disruption budget", delay=5.0)
+        return ActionResult(Outcome.applied, f"{request.action.value} {request.target}")
+
+    async def close(self) -> None:
+        return None
+
+
+def _setup(backend: GatedBackend, clock: Clock, *, max_in_flight: int = 64, drain_wait_s: float = 600.0):
+    act = Actuation(backend=backend, breaker=CircuitBreaker(max_fraction=1.0, max_absolute=1000, window_s=3600.0),
+                    fleet_size=lambda: 1000, retry=RetryPolicy(max_attempts=3, base_delay=1.0, max_delay=30.0,
+                                                               jitter=0.0),
+                    clock=clock, drain_wait_s=drain_wait_s)
+    reports: list[tuple[Work, ActionRecord | Work]] = []
+
+    async def report(w: Work, got: ActionRecord | Work) -> None:
+        reports.append((w, got))
+
+    return act, ActionRunner(act, report, max_in_flight=max_in_flight, clock=clock), reports
+
+
+async def _plan(act: Actuation, runner: ActionRunner, actions, vid: str, seq: int, subject: str) -> None:
+    for step in await act.plan(verdict(actions, id=vid, subject=subject, ts=T0), seq=seq):
+        assert isinstance(step, Work)
+        runner.add(step)
+
+
+async def _settle(runner: ActionRunner) -> None:
+    for _ in range(50):
+        await asyncio.sleep(0)
+    await asyncio.gather(*list(runner.tasks))
+
+
+async def test_a_hundred_targets_are_acted_on_64_at_a_time_each_in_its_own_order() -> None:
+    backend, clock = GatedBackend(), Clock()
+    act, runner, reports = _setup(backend, clock)
+    for i in range(100):
+        node = f"node-{i:04d}"
+        await _plan(act, runner, [("isolate", node), ("drain", node)], f"v-{i}", i, node)
+    assert runner.start_due(clock()) == 64  # one try per target, 64 targets at once
+    await asyncio.sleep(0)
+    assert backend.running == 64
+    assert runner.start_due(clock()) == 0  # full
+    backend.gate.set()
+    while runner.pending:
+        runner.start_due(clock())
+        await _settle(runner)
+    assert backend.most == 64
+    by_node: dict[str, list[str]] = {}
+    for action, target in backend.calls:
+        by_node.setdefault(target, []).append(action)
+    assert all(v == ["isolate", "drain"] for v in by_node.values()) and len(by_node) == 100
+    assert all(isinstance(got, ActionRecord) and got.outcome is Outcome.applied for _, got in reports)
+
+
+async def test_an_older_verdicts_work_on_a_target_goes_first_whatever_order_it_was_queued_in() -> None:
+    backend, clock = GatedBackend(), Clock()
+    backend.gate.set()
+    act, runner, _ = _setup(backend, clock)
+    await _plan(act, runner, [("return", "node-0001")], "v-new", 7, "node-0001")
+    await _plan(act, runner, [("isolate", "node-0001")], "v-old", 3, "node-0001")
+    while runner.pending:
+        runner.start_due(clock())
+        await _settle(runner)
+    assert backend.calls == [("isolate", "node-0001"), ("return", "node-0001")]
+
+
+async def test_a_drain_blocked_by_a_disruption_budget_waits_as_data_and_holds_up_no_one() -> None:
+    backend, clock = GatedBackend(), Clock()
+    backend.gate.set()
+    backend.pdb.add("node-0001")
+    act, runner, reports = _setup(backend, clock)
+    await _plan(act, runner, [("drain", "node-0001"), ("diagnose", "node-0001")], "v-pdb", 1, "node-0001")
+    for i in range(2, 12):
+        await _plan(act, runner, [("isolate", f"node-{i:04d}")], f"v-{i}", i, f"node-{i:04d}")
+    runner.start_due(clock())
+    await _settle(runner)
+    # the others are done; the drain waits for its due time, its diagnose behind it
+    done = [got.target for _, got in reports if isinstance(got, ActionRecord)]
+    assert sorted(done) == [f"node-{i:04d}" for i in range(2, 12)]
+    [(_, retry)] = [(w, got) for w, got in reports if isinstance(got, Work)]
+    assert (retry.attempt, retry.due) == (1, clock() + 5.0)  # the server's hint beats the shorter backoff
+    assert runner.start_due(clock()) == 0  # not due: nothing tried, nothing slept
+    # it keeps being refused past max_attempts: a drain waits up to drain_wait_s
+    for _ in range(6):
+        clock.t = runner.next_due()
+        runner.start_due(clock())
+        await _settle(runner)
+    assert backend.calls.count(("drain", "node-0001")) == 7
+    assert ("diagnose", "node-0001") not in backend.calls
+    backend.pdb.clear()  # the budget is relaxed
+    while runner.pending:
+        clock.t = max(clock.t, runner.next_due() or clock.t)
+        runner.start_due(clock())
+        await _settle(runner)
+    ends = [(got.action.value, got.outcome) for _, got in reports
+            if isinstance(got, ActionRecord) and got.target == "node-0001"]
+    assert ends == [("drain", Outcome.applied), ("diagnose", Outcome.applied)]
+
+
+async def test_a_drain_blocked_longer_than_its_wait_fails_and_the_next_action_goes_on() -> None:
+    backend, clock = GatedBackend(), Clock()
+    backend.gate.set()
+    backend.pdb.add("node-0001")
+    act, runner, reports = _setup(backend, clock, drain_wait_s=60.0)
+    await _plan(act, runner, [("drain", "node-0001"), ("diagnose", "node-0001")], "v-pdb", 1, "node-0001")
+    while runner.pending:
+        clock.t = max(clock.t, runner.next_due() or clock.t)
+        runner.start_due(clock())
+        await _settle(runner)
+    ends = [(got.action.value, got.outcome) for _, got in reports if isinstance(got, ActionRecord)]
+    assert ends == [("drain", Outcome.failed), ("diagnose", Outcome.applied)]
+    [drain] = [got for _, got in reports if isinstance(got, ActionRecord) and got.action is ActionName.drain]
+    assert drain.attempts >= 3 and "disruption budget" in drain.detail
+
+
+async def test_work_kept_in_a_table_resumes_where_it_stood_and_settled_work_is_not_done_again() -> None:
+    backend, clock = GatedBackend(), Clock()
+    backend.gate.set()
+    backend.pdb.add("node-0001")
+    act, runner, reports = _setup(backend, clock)
+    await _plan(act, runner, [("drain", "node-0001")], "v-pdb", 1, "node-0001")
+    await _plan(act, runner, [("isolate", "node-0002")], "v-2", 2, "node-0002")
+    runner.start_due(clock())
+    await _settle(runner)
+    table = {w.key: got.to_dict() for w, got in reports if isinstance(got, Work)}  # what the worker keeps
+    for w, got in reports:
+        if isinstance(got, ActionRecord):
+            await act.finish(w, got)  # the ledger
+    # a new worker (same ledger) loads the table; node-0002's isolation, settled, is not redone
+    backend2, clock2 = GatedBackend(), Clock(clock() + 10)
+    backend2.gate.set()
+    act.backend = backend2
+    runner2 = ActionRunner(act, lambda w, got: asyncio.sleep(0), clock=clock2)
+    for d in table.values():
+        runner2.add(Work.from_dict(d))
+    runner2.add(Work.from_dict({**[w for w, _ in reports if w.target == "node-0002"][0].to_dict()}))
+    while runner2.pending:
+        runner2.start_due(clock2())
+        await _settle(runner2)
+    assert backend2.calls == [("drain", "node-0001")]  # node-0002's attempt found the ledger settled
