@@ -18,7 +18,7 @@ help:
 	@echo "make eval-failures - real failure output (tests/data/failures) through the job and node tracks (bench/results/failures.json)"
 	@echo "make eval-network - the network track on 256 nodes / 8 leaf switches / 500 faults (bench/results/network.json)"
 	@echo "make chaos  - 22 worker kills, a broker restart, a 60 s backend outage, 100,000 fuzzed messages (bench/results/chaos.json)"
-	@echo "make lint   - layer contracts (import-linter)"
+	@echo "make lint   - layer contracts (import-linter) and types (mypy --strict on the pyproject's files)"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,6 +57,7 @@ unit: $(STAMP)
 
 lint: $(STAMP)
 	@$(VENV)/bin/lint-imports
+	@$(PY) -m mypy
 
 schemas: $(STAMP)
 	@$(PY) -m schemas.jsonschema

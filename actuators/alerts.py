@@ -152,7 +152,7 @@ class AlertDispatcher:
         self.remember = remember
         self.sleep = sleep
         self._queues: dict[str, asyncio.Queue[Verdict]] = {}
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._seen: dict[str, OrderedDict[str, None]] = {r.name: OrderedDict() for r in self.receivers}
         self._session: aiohttp.ClientSession | None = None
         self.stats = {"submitted": 0, "delivered": 0, "failed": 0, "duplicates": 0, "queue_full": 0}

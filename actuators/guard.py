@@ -27,7 +27,7 @@ class CircuitBreaker:
     max_absolute: int = 50
     window_s: float = 3600.0
     min_budget: int = 1
-    _events: deque = field(default_factory=deque, init=False, repr=False)
+    _events: deque[tuple[float, str]] = field(default_factory=deque, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.max_fraction <= 1.0:

@@ -43,10 +43,10 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import kubernetes.client
 import kubernetes.config
@@ -208,6 +208,11 @@ def map_api_error(exc: ApiException, what: str, now: datetime | None = None) -> 
     return PermanentError(text)
 
 
+def _meta(obj: V1Node | V1Pod | V1Job) -> V1ObjectMeta:
+    """``obj.metadata``, which the API server sets on every object it returns."""
+    return cast(V1ObjectMeta, obj.metadata)
+
+
 def _annotations(obj: Any) -> dict[str, str]:
     return dict(obj.metadata.annotations or {}) if obj.metadata is not None else {}
 
@@ -241,7 +246,7 @@ def _phase(pod: V1Pod) -> str:
 
 
 def _pod_ref(pod: V1Pod) -> str:
-    return f"{pod.metadata.namespace}/{pod.metadata.name}"
+    return f"{_meta(pod).namespace}/{_meta(pod).name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,7 +467,7 @@ class KubernetesBackend:
         self, node: V1Node, request: ActionRequest, reason: str, message: str, kind: str = "Warning"
     ) -> None:
         """Record an Event on the node (see :meth:`_event`)."""
-        ref = V1ObjectReference(api_version="v1", kind="Node", name=node.metadata.name, uid=node.metadata.uid)
+        ref = V1ObjectReference(api_version="v1", kind="Node", name=_meta(node).name, uid=_meta(node).uid)
         await self._event(ref, self.event_namespace, request, reason, message, kind)
 
     async def _job_event(self, namespace: str, name: str, request: ActionRequest, reason: str, message: str) -> None:
@@ -478,7 +483,8 @@ class KubernetesBackend:
         The Event's name derives from the idempotency key, so a replay finds it
         already there (409, ignored).
         """
-        name = ref.name
+        # both callers set the reference's name and kind
+        name, subject = cast(str, ref.name), cast(str, ref.kind).lower()
         now = self.clock().astimezone(timezone.utc).replace(microsecond=0)
         event = CoreV1Event(
             metadata=V1ObjectMeta(name=f"{name[:200]}.{_digest(request.key, 16)}", namespace=namespace),
@@ -493,7 +499,7 @@ class KubernetesBackend:
         )
         try:
             await self._call(
-                f"create event {reason} for {ref.kind.lower()} {name}",
+                f"create event {reason} for {subject} {name}",
                 self.core.create_namespaced_event,
                 namespace,
                 event,
@@ -501,7 +507,7 @@ class KubernetesBackend:
                 tolerate=(409,),
             )
         except ActuatorError as exc:
-            log.warning("event %s for %s %s not recorded: %s", reason, ref.kind.lower(), name, exc)
+            log.warning("event %s for %s %s not recorded: %s", reason, subject, name, exc)
 
     def _taint_value(self, request: ActionRequest) -> str:
         raw = request.params.get("fault_class") or request.params.get("reason") or "suspect"
@@ -538,7 +544,7 @@ class KubernetesBackend:
             if not view.ours:
                 value = self._taint_value(request)
                 taint = V1Taint(key=self.taint_key, value=value, effect="NoSchedule")
-                body["metadata"]["resourceVersion"] = view.node.metadata.resource_version
+                body["metadata"]["resourceVersion"] = _meta(view.node).resource_version
                 body["spec"]["taints"] = self._taints_body([*view.taints, taint])
                 done.append(f"tainted {self.taint_key}={value}:NoSchedule")
             if not view.cordoned:
@@ -577,7 +583,7 @@ class KubernetesBackend:
         if view.ours or uncordon or marked:
             body: dict[str, Any] = {"metadata": {"annotations": {k: None for k in marked}}, "spec": {}}
             if view.ours:
-                body["metadata"]["resourceVersion"] = view.node.metadata.resource_version
+                body["metadata"]["resourceVersion"] = _meta(view.node).resource_version
                 body["spec"]["taints"] = self._taints_body(view.others)
                 done.append(f"removed taint {self.taint_key}")
             if uncordon:
@@ -637,9 +643,9 @@ class KubernetesBackend:
             eviction = V1Eviction(
                 api_version="policy/v1",
                 kind="Eviction",
-                metadata=V1ObjectMeta(name=pod.metadata.name, namespace=pod.metadata.namespace),
+                metadata=V1ObjectMeta(name=_meta(pod).name, namespace=_meta(pod).namespace),
                 delete_options=V1DeleteOptions(
-                    preconditions=V1Preconditions(uid=pod.metadata.uid),
+                    preconditions=V1Preconditions(uid=_meta(pod).uid),
                     grace_period_seconds=int(grace) if grace is not None else None,
                 ),
             )
@@ -647,8 +653,8 @@ class KubernetesBackend:
                 await self._call(
                     f"evict pod {_pod_ref(pod)}",
                     self.core.create_namespaced_pod_eviction,
-                    pod.metadata.name,
-                    pod.metadata.namespace,
+                    _meta(pod).name,
+                    _meta(pod).namespace,
                     eviction,
                     tolerate=(404,),
                 )
@@ -726,7 +732,7 @@ class KubernetesBackend:
         wrong = {k: labels.get(k) for k, v in want.items() if labels.get(k) != v}
         if wrong:
             raise PermanentError(
-                f"job {self.namespace}/{job.metadata.name} exists but is not ours for node {node}, "
+                f"job {self.namespace}/{_meta(job).name} exists but is not ours for node {node}, "
                 f"verdict {request.verdict_id} (labels {wrong})"
             )
 
@@ -823,12 +829,12 @@ class KubernetesBackend:
             await self._call(
                 f"delete pod {_pod_ref(pod)}",
                 self.core.delete_namespaced_pod,
-                pod.metadata.name,
-                pod.metadata.namespace,
-                body=V1DeleteOptions(preconditions=V1Preconditions(uid=pod.metadata.uid)),
+                _meta(pod).name,
+                _meta(pod).namespace,
+                body=V1DeleteOptions(preconditions=V1Preconditions(uid=_meta(pod).uid)),
                 tolerate=(404,),
             )
-        listed = ", ".join(f"{pod.metadata.name} ({why})" for pod, why in doomed[:10])
+        listed = ", ".join(f"{_meta(pod).name} ({why})" for pod, why in doomed[:10])
         more = f" and {len(doomed) - 10} more" if len(doomed) > 10 else ""
         detail = f"job {namespace}/{name}: deleted {len(doomed)} pods: {listed}{more}"
         reason = "FleetmedicRequeue" if request.action is ActionName.requeue else "FleetmedicRetry"
@@ -878,7 +884,7 @@ class KubernetesBackend:
         return ActionResult(Outcome.applied, f"job {namespace}/{name} suspended")
 
 
-_Handler = Callable[[KubernetesBackend, ActionRequest], Any]
+_Handler = Callable[[KubernetesBackend, ActionRequest], Awaitable[ActionResult]]
 
 _HANDLERS: Mapping[ActionName, _Handler] = {
     ActionName.isolate: KubernetesBackend.isolate,

@@ -28,7 +28,7 @@ import inspect
 import numbers
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import numpy as np
 
@@ -88,7 +88,7 @@ class Finding:
     score: float
     index: int
     gpu: int | None
-    evidence: dict = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.fault_class not in _FAULT_CLASSES:
@@ -126,10 +126,12 @@ class Detector:
     and validate their hyper-parameters in ``__init__``.
     """
 
-    def score(self, *arrays: np.ndarray) -> np.ndarray:  # pragma: no cover - interface
+    # Subclasses take their own arrays and options; ``*arrays: Any, **kwargs: Any``
+    # accepts any such signature as an override.
+    def score(self, *arrays: Any, **kwargs: Any) -> np.ndarray:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def detect(self, *arrays: np.ndarray) -> list[Finding]:  # pragma: no cover - interface
+    def detect(self, *arrays: Any, **kwargs: Any) -> list[Finding]:  # pragma: no cover - interface
         raise NotImplementedError
 
     # -- hyper-parameters -------------------------------------------------
@@ -193,7 +195,7 @@ def check_float(
     high_open: bool = False,
 ) -> float:
     """Return ``value`` as a finite float inside the given bounds, or raise ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(cast(float, value)):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     v = float(value)
     if low is not None and (v <= low if low_open else v < low):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -67,7 +67,7 @@ def port_features(increments: np.ndarray, seconds: np.ndarray) -> np.ndarray:
     wait_per_mb = inc[:, 5, :] / (sent_mb + 1.0)
     err_per_gb = inc[:, 3, :] / (recv_gb + 1.0)
     feats = np.concatenate([rates, wait_per_mb[:, None, :], err_per_gb[:, None, :]], axis=1)  # (n, 7, p)
-    return np.log1p(np.maximum(feats, 0.0)).transpose(0, 2, 1)
+    return cast(np.ndarray, np.log1p(np.maximum(feats, 0.0)).transpose(0, 2, 1))
 
 
 def make_model(name: str, *, seed: int = 0) -> Any:
@@ -119,7 +119,7 @@ class ReferenceECOD:
 
     @property
     def decision_scores_(self) -> np.ndarray:
-        return self.ecod.decision_scores_
+        return cast(np.ndarray, self.ecod.decision_scores_)
 
     def decision_function(self, X: np.ndarray) -> np.ndarray:
         if self.sorted is None:
@@ -138,7 +138,7 @@ class ReferenceECOD:
         u_r = -np.log((above + 1.0) / (n + 1.0))
         s = self.skew_sign
         u_skew = u_l * -np.sign(s - 1) + u_r * np.sign(s + 1)
-        return np.maximum(u_skew, np.maximum(u_l, u_r)).sum(axis=1)
+        return cast(np.ndarray, np.maximum(u_skew, np.maximum(u_l, u_r)).sum(axis=1))
 
 
 @dataclass

@@ -7,6 +7,8 @@ NaN where a float is accepted), which scores neutral.
 
 from __future__ import annotations
 
+from typing import TypedDict, cast
+
 import numpy as np
 from scipy import stats
 
@@ -66,7 +68,7 @@ def thermal_mask(throttle: np.ndarray, reasons: int = THERMAL_REASONS) -> np.nda
     if arr.dtype.kind not in "iu":
         raise ValueError(f"throttle must be an integer bitmask array, got dtype {arr.dtype}")
     check_int("reasons", reasons, minimum=1)
-    return (arr & reasons) != 0
+    return cast(np.ndarray, (arr & reasons) != 0)
 
 
 class HardFaultDetector(Detector):
@@ -88,7 +90,9 @@ class HardFaultDetector(Detector):
         pass
 
     @staticmethod
-    def _inputs(ecc_dbe_delta, remap_failure, lost) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _inputs(
+        ecc_dbe_delta: np.ndarray, remap_failure: np.ndarray, lost: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         dbe = as_array("ecc_dbe_delta", ecc_dbe_delta, 2, "(n, g)", "f")
         remap = as_array("remap_failure", remap_failure, 2, "(n, g)", "b")
         gone = as_array("lost", lost, 2, "(n, g)", "b")
@@ -118,7 +122,7 @@ class HardFaultDetector(Detector):
         ``(n, g)`` float64.
         """
         dbe, remap, gone = self._inputs(ecc_dbe_delta, remap_failure, lost)
-        return (dbe > 0).astype(np.float64) + remap + gone
+        return cast(np.ndarray, (dbe > 0).astype(np.float64) + remap + gone)
 
     def detect(
         self, ecc_dbe_delta: np.ndarray, remap_failure: np.ndarray, lost: np.ndarray
@@ -144,6 +148,18 @@ class HardFaultDetector(Detector):
             )
         findings.sort(key=lambda f: (f.index, f.gpu))
         return findings
+
+
+class _RateStats(TypedDict):
+    """The rate test per GPU: p-values and the sums behind them, ``(n, g)`` each;
+    ``window`` is one number or ``(n, g)``."""
+
+    p: np.ndarray
+    e_base: np.ndarray
+    e_rec: np.ndarray
+    k_base: np.ndarray
+    k_rec: np.ndarray
+    window: np.int64 | np.ndarray
 
 
 class RateChangeDetector(Detector):
@@ -203,7 +219,7 @@ class RateChangeDetector(Detector):
         self.fault_class = check_choice("fault_class", fault_class, _FAULT_CLASSES)
         self.critical_ratio = check_float("critical_ratio", critical_ratio, low=1.0)
 
-    def _stats(self, counts: np.ndarray) -> dict[str, np.ndarray]:
+    def _stats(self, counts: np.ndarray) -> _RateStats:
         c = as_array("counts", counts, 3, "(n, t, g)", "f").astype(np.float64, copy=False)
         c = c[:, -self.window:, :]
         finite = ~np.isnan(c)
@@ -224,7 +240,8 @@ class RateChangeDetector(Detector):
         k_rec = np.nansum(rec, axis=1)
         return self._test(k_base, k_rec, e_base, e_rec, c.shape[1])
 
-    def _test(self, k_base, k_rec, e_base, e_rec, window: int) -> dict[str, np.ndarray]:
+    def _test(self, k_base: np.ndarray, k_rec: np.ndarray, e_base: np.ndarray, e_rec: np.ndarray,
+              window: int | np.ndarray) -> _RateStats:
         total = k_base + k_rec
         active = (e_base >= self.recent) & (e_rec >= 1) & (total >= self.min_events) & (k_rec >= 1)
         p = np.ones(np.shape(total))
@@ -238,7 +255,7 @@ class RateChangeDetector(Detector):
 
     @staticmethod
     def _to_score(p: np.ndarray) -> np.ndarray:
-        return np.maximum(-np.log10(np.clip(p, 1e-300, 1.0)), 0.0)
+        return cast(np.ndarray, np.maximum(-np.log10(np.clip(p, 1e-300, 1.0)), 0.0))
 
     def score(self, counts: np.ndarray) -> np.ndarray:
         """``-log10`` p-value of a rate rise per GPU.
@@ -285,7 +302,7 @@ class RateChangeDetector(Detector):
         """
         return self._findings(self._stats(counts))
 
-    def _findings(self, s: dict[str, np.ndarray]) -> list[Finding]:
+    def _findings(self, s: _RateStats) -> list[Finding]:
         p = s["p"]
         score = self._to_score(p)
         findings = []
@@ -346,7 +363,7 @@ class ThrottleDetector(Detector):
         if self.warmup > self.window:
             raise ValueError(f"warmup must be <= window, got warmup={warmup!r}, window={window!r}")
 
-    def _inputs(self, thermal, temp) -> tuple[np.ndarray, np.ndarray]:
+    def _inputs(self, thermal: np.ndarray, temp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         th = as_array("thermal", thermal, 3, "(n, t, g)", "b")
         tp = as_array("temp", temp, 3, "(n, t, g)", "f")
         check_same_shape(("thermal", "temp"), (th, tp))
@@ -355,7 +372,7 @@ class ThrottleDetector(Detector):
     def _fraction(self, th: np.ndarray) -> np.ndarray:
         if th.shape[1] < self.warmup:
             return np.zeros((th.shape[0], th.shape[2]))
-        return th.mean(axis=1)
+        return cast(np.ndarray, th.mean(axis=1))
 
     def score(self, thermal: np.ndarray, temp: np.ndarray) -> np.ndarray:
         """Share of thermally throttled samples per GPU.

@@ -123,7 +123,7 @@ class PeerDetector(Detector):
                     fault_class="node_degrading",
                     severity="warning",
                     score=z[i],
-                    index=i,
+                    index=int(i),
                     gpu=None,
                     evidence={
                         "value": float(x[i]),

@@ -360,7 +360,7 @@ class UnivariateDetector(Detector):
         else:  # seen, short and short_pos were changed in place for a slice
             self.mu_[sel], self.var_[sel], self.count_[sel], self.peak_[sel] = mu, var, count, peak
             self.seen_[sel] = seen
-            if short is not None:
+            if short is not None and short_pos is not None:
                 self.short_[sel], self.short_pos_[sel] = short, short_pos
         last = {"value": x, "score": score, "mean": np.where(live, mu, np.nan),
                 "sd": sd, "z_point": z_point, "z_short": z_short,
@@ -407,7 +407,7 @@ class UnivariateDetector(Detector):
                     p_value=float(10.0 ** last["log10_p"][i]),
                 )
             severity = "critical" if s[i] >= self.critical else self.severity
-            index = i if rows is None else rows[i]
+            index = int(i if rows is None else rows[i])
             out.append(Finding(self.kind, self.fault_class, severity, s[i], index, None, ev))
         return out
 

@@ -332,7 +332,7 @@ class XidDetector(Detector):
         findings = []
         for i in np.flatnonzero(kept):
             code = int(codes[i])
-            detail = details[i] if details is not None else None
+            detail = details[int(i)] if details is not None else None
             info = lookup(code)
             res = resolve(code, detail)
             evidence = {
@@ -343,7 +343,7 @@ class XidDetector(Detector):
             }
             if detail:
                 evidence["detail"] = detail[:300]
-            count = counts[i] if counts is not None else None
+            count = counts[int(i)] if counts is not None else None
             if count is not None and count > 1:
                 evidence["count"] = int(count)
             findings.append(Finding(

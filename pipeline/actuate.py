@@ -132,8 +132,8 @@ class Actuation:
     fleet_size: Callable[[], int]
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     notifier: Backend | None = None
-    ledger: Ledger = field(default_factory=dict)
-    sleep: Callable | None = None
+    ledger: Ledger = field(default_factory=lambda: dict[str, str]())
+    sleep: Callable[[float], Awaitable[None]] | None = None
     clock: Callable[[], float] = time.time
     router: Callable[[ActionRequest], Backend] | None = None
     #: switched at run time (the operator API): every backend answers dry_run while it is true
@@ -178,8 +178,9 @@ class Actuation:
                 continue
             if planned.params.get("alert_only"):
                 # a shared component (a switch) is not ours to act on: alert a human
-                out.append(await self._alert(req, verdict.ts))
-                self.ledger[req.key] = out[-1].outcome.value
+                alert = await self._alert(req, verdict.ts)
+                out.append(alert)
+                self.ledger[req.key] = alert.outcome.value
                 continue
             if planned.target in held_targets:
                 rec = self._record(req, Outcome.held_by_budget, "held with the isolation of this node", 0, verdict.ts)
@@ -306,11 +307,9 @@ class Actuation:
             log.warning("%s %s on %s: attempt %d failed (%s); retrying in %.2fs",
                         backend.name, req.action.value, req.target, attempt, exc, delay)
 
-        kwargs = {"on_retry": on_retry}
-        if self.sleep is not None:
-            kwargs["sleep"] = self.sleep
         try:
-            result, attempts = await call_with_retry(lambda: backend.apply(req), self.retry, **kwargs)
+            result, attempts = await call_with_retry(lambda: backend.apply(req), self.retry, on_retry=on_retry,
+                                                     sleep=self.sleep or asyncio.sleep)
         except PermanentError as exc:
             return self._record(req, Outcome.failed, f"permanent: {exc}", 1, ts, backend.name)
         except RetriesExhausted as exc:

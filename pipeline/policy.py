@@ -130,7 +130,7 @@ def _verdict(
         ts=ts,
         id=stable_id(scope, subject, incident, fc.value, names),
         incident=incident,
-        scope=scope,  # type: ignore[arg-type]
+        scope=scope,
         subject=subject,
         fault_class=fc,
         confidence=confidence,
@@ -367,7 +367,7 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
     if n.kind == "network_fault":
         if h["state"] in OUT_OF_POOL:
             return Decision()
-        evidence = {"switch_track": n.reason, "anomalies": [n.signature] if n.signature else [], "detail": n.job,
+        evidence: dict[str, Any] = {"switch_track": n.reason, "anomalies": [n.signature] if n.signature else [], "detail": n.job,
                     "rule": "a port anomaly of this node alone under its switch"}
         incident = stable_id("node", node, "network", n.signature or n.ts)
         if net is not None and net.enforce:
@@ -553,7 +553,7 @@ def _job_verdict(
 def _waiting(hist: dict[str, Any]) -> list[dict[str, Any]]:
     """The job's failures waiting for node evidence, oldest first (a failure kept in
     ``pending`` by earlier versions joins them)."""
-    w = hist.setdefault("waiting", [])
+    w: list[dict[str, Any]] = hist.setdefault("waiting", [])
     p = hist.get("pending")
     if p and p.get("kind") == "failure":
         w.append({"attempt": p["attempt"], "ts": p["ts"], "deadline_ts": p.get("deadline_ts", p["ts"]),
@@ -591,7 +591,7 @@ def _next_tick(d: Decision, hist: dict[str, Any]) -> Decision:
 
 
 def _recent_node_faults(hist: dict[str, Any], nodes: list[str], ts: float, horizon: float,
-                        until: float = float("inf")) -> dict[str, dict]:
+                        until: float = float("inf")) -> dict[str, dict[str, Any]]:
     """Faults and degradations reported on ``nodes`` within ``horizon`` seconds before ``ts``
     and no later than ``until`` (event time: evidence after a failure's grace is not its)."""
     return {
@@ -600,7 +600,8 @@ def _recent_node_faults(hist: dict[str, Any], nodes: list[str], ts: float, horiz
     }
 
 
-def _decide_hardware(hist: dict[str, Any], ts: float, faults: dict[str, dict], failure: dict | None) -> Decision:
+def _decide_hardware(hist: dict[str, Any], ts: float, faults: dict[str, dict[str, Any]],
+                     failure: dict[str, Any] | None) -> Decision:
     """Requeue the job without the nodes at fault; when only a shared switch failed under
     it (fabric notices alone), requeue it as a fabric fault with no node excluded."""
     blamed = {n: f for n, f in faults.items() if f["kind"] != "fabric"}
@@ -631,9 +632,9 @@ def _suspect(failure: dict[str, Any]) -> str | None:
     """The node a failure points at: the host its own output names, the scheduler's first
     failed worker, or the job's only node."""
     if failure.get("named"):
-        return failure["named"]
+        return str(failure["named"])
     if failure.get("origin"):
-        return failure["origin"]
+        return str(failure["origin"])
     return failure["nodes"][0] if len(failure["nodes"]) == 1 else None
 
 

@@ -201,7 +201,7 @@ class GpuSample(Record):
 
     model_config = ConfigDict(**{**Record.model_config, "json_schema_extra": lambda s: _gpu_schema_extra(s)})
 
-    schema_: Literal["gpu/1"] = Field("gpu/1", alias="schema")
+    schema_: Literal["gpu/1"] = Field(default="gpu/1", alias="schema")
     node: NodeName
     util: list[Percent | None] = Field(min_length=1, max_length=MAX_GPUS,
                                        description="GPU utilisation, percent (one entry per GPU)")
@@ -332,7 +332,7 @@ class NetworkSample(Record):
 
     model_config = ConfigDict(**{**Record.model_config, "json_schema_extra": lambda s: _network_schema_extra(s)})
 
-    schema_: Literal["network/2", "network/1"] = Field("network/2", alias="schema")
+    schema_: Literal["network/2", "network/1"] = Field(default="network/2", alias="schema")
     node: NodeName
     ports: list[PortSample] = Field(min_length=1, max_length=MAX_PORTS)
 
@@ -357,7 +357,7 @@ class JobEventKind(str, Enum):
 class JobEvent(Record):
     """A job lifecycle event (``telemetry.job``, key: job id)."""
 
-    schema_: Literal["job/1"] = Field("job/1", alias="schema")
+    schema_: Literal["job/1"] = Field(default="job/1", alias="schema")
     job: str = Field(min_length=1, max_length=253)
     event: JobEventKind
     scheduler: str = Field("sim", max_length=64, description="kubernetes, slurm or sim")
@@ -396,7 +396,7 @@ class Window(BaseModel):
 class Anomaly(Record):
     """A detector finding (``anomalies``, key: subject)."""
 
-    schema_: Literal["anomaly/1"] = Field("anomaly/1", alias="schema")
+    schema_: Literal["anomaly/1"] = Field(default="anomaly/1", alias="schema")
     id: str
     detector: str
     subject_type: Literal["gpu", "node", "port", "switch", "job"]
@@ -425,7 +425,7 @@ class Verdict(Record):
     the same incident.
     """
 
-    schema_: Literal["verdict/1"] = Field("verdict/1", alias="schema")
+    schema_: Literal["verdict/1"] = Field(default="verdict/1", alias="schema")
     id: str
     incident: str
     scope: Literal["job", "node", "switch"]
@@ -441,7 +441,7 @@ class Verdict(Record):
 class ActionRecord(Record):
     """What an actuator did (``actions``, key: target)."""
 
-    schema_: Literal["action/1"] = Field("action/1", alias="schema")
+    schema_: Literal["action/1"] = Field(default="action/1", alias="schema")
     key: str = Field(description="idempotency key: verdict id + action + target")
     verdict_id: str
     action: ActionName
@@ -455,7 +455,7 @@ class ActionRecord(Record):
 class DeadLetter(Record):
     """Undecodable or invalid input with the reason (``deadletter``)."""
 
-    schema_: Literal["deadletter/1"] = Field("deadletter/1", alias="schema")
+    schema_: Literal["deadletter/1"] = Field(default="deadletter/1", alias="schema")
     source_topic: str
     partition: int | None = Field(None, ge=0, le=2**31 - 1)
     offset: int | None = Field(None, ge=0, le=2**63 - 1)
@@ -470,7 +470,7 @@ class DeadLetter(Record):
 class NodeNotice(Record):
     """Internal: what the job track tells a node's owner (key: node)."""
 
-    schema_: Literal["node-notice/1"] = Field("node-notice/1", alias="schema")
+    schema_: Literal["node-notice/1"] = Field(default="node-notice/1", alias="schema")
     node: str
     kind: Literal["placed", "released", "job_failed", "diag_started", "diag_passed", "diag_failed",
                   "network_fault", "fabric_switch", "operator_return", "operator_hold", "hardware_failure"]
@@ -491,7 +491,7 @@ class NodeNotice(Record):
 class JobNotice(Record):
     """Internal: what a node's owner tells the job track (key: job)."""
 
-    schema_: Literal["job-notice/1"] = Field("job-notice/1", alias="schema")
+    schema_: Literal["job-notice/1"] = Field(default="job-notice/1", alias="schema")
     job: str
     node: str
     kind: Literal["node_fault", "node_degrading", "fabric", "tick", "xid"]
@@ -508,7 +508,7 @@ class SwitchNotice(Record):
     (several nodes at once) or one node's (alone for a hold period).
     """
 
-    schema_: Literal["switch-notice/1"] = Field("switch-notice/1", alias="schema")
+    schema_: Literal["switch-notice/1"] = Field(default="switch-notice/1", alias="schema")
     switch: str
     node: str
     kind: Literal["port_anomaly", "tick"]
@@ -524,7 +524,7 @@ class ActionStep(Record):
     stands, ``done`` with its action record, or ``wake`` (load the work kept in the
     table, after a start or a rebalance)."""
 
-    schema_: Literal["action-step/1"] = Field("action-step/1", alias="schema")
+    schema_: Literal["action-step/1"] = Field(default="action-step/1", alias="schema")
     kind: Literal["retry", "done", "wake"]
     key: str = ""
     work: dict[str, Any] | None = None
@@ -541,7 +541,7 @@ class ControlRecord(Record):
     held back, until an operator approves or rejects it).
     """
 
-    schema_: Literal["control/1"] = Field("control/1", alias="schema")
+    schema_: Literal["control/1"] = Field(default="control/1", alias="schema")
     key: str = Field(pattern=r"^(dry_run|held/[A-Za-z0-9._:@/-]{1,512})$")
     value: dict[str, Any]
     #: who decided (the token's subject; "fleetmedic" for the worker's own records)

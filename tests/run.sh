@@ -16,6 +16,8 @@ cleanup() {
 trap cleanup EXIT
 echo "== layer contracts"
 .venv/bin/lint-imports
+echo "== types (mypy --strict: detectors, schemas, actuators, the correlator's and actuation's cores)"
+"$PY" -m mypy
 echo "== starting Kafka"
 FLEETMEDIC_BOOTSTRAP=$(bash deploy/kafka.sh start | tail -n1)
 export FLEETMEDIC_BOOTSTRAP
