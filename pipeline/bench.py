@@ -313,6 +313,126 @@ async def latency_run(bootstrap: str, env: dict[str, str], load: FleetLoad, rate
 # ------------------------------------------------------------------------------ main
 
 
+async def actuation_run(bootstrap: str, env: dict[str, str], logdir: Path, *, verdicts: int = 300,
+                        repeat: int = 3, say=print) -> dict[str, Any]:
+    """How fast verdicts are carried out while a drain waits on a disruption budget, as a
+    ratio to the same run without it. Pairs of runs on one worker (simulated cluster
+    backend): ``verdicts`` isolations of fresh nodes alone, then again while a drain of
+    another node is refused (HTTP 429) and retried; rate = verdicts / (first sent to last
+    applied)."""
+    from .simrun import SimRunner
+    from .simulator import Node, SimConfig
+
+    env = {**env, "FLEETMEDIC_KAFKA__TOPIC_PREFIX": env["FLEETMEDIC_KAFKA__TOPIC_PREFIX"] + "act."}
+    api_port = free_port()
+    app = f"fleetmedic-bench-act-{uuid.uuid4().hex[:6]}"
+    wenv = {**env, "FLEETMEDIC_KAFKA__APP_ID": app, "FLEETMEDIC_ACTUATORS__BACKEND": "sim",
+            "FLEETMEDIC_ACTUATORS__SIM_URL": f"http://127.0.0.1:{api_port}",
+            "FLEETMEDIC_SAFETY__FLEET_SIZE": "100000", "FLEETMEDIC_SAFETY__MAX_FRACTION": "1.0",
+            "FLEETMEDIC_SAFETY__MAX_ABSOLUTE": "100000", "FLEETMEDIC_ACTUATORS__MAX_DELAY_S": "2"}
+    s = load_settings(environ=wenv)
+    await ensure_topics(s)
+    runner = SimRunner(s, SimConfig(nodes=0, faults="none"), api_port=api_port)
+    side = asyncio.new_event_loop()
+    side_thread = threading.Thread(target=side.run_forever, name="bench-act", daemon=True)
+    side_thread.start()
+
+    def on_side(fn: Any) -> Any:
+        async def call() -> Any:
+            return fn()
+        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call(), side))
+
+    await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(runner.start_api(), side))
+    worker = WorkerProcess(wenv, logdir / f"{app}.log")
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1)
+    consumer = AIOKafkaConsumer(s.topic("actions"), bootstrap_servers=bootstrap, group_id=None,
+                                auto_offset_reset="latest", enable_auto_commit=False, fetch_max_wait_ms=50)
+
+    def verdict(vid: str, node: str, action: str) -> bytes:
+        return orjson.dumps({"schema": "verdict/1", "ts": time.time(), "id": vid, "incident": vid, "scope": "node",
+                             "subject": node, "fault_class": "gpu_hardware", "confidence": 0.9, "nodes": [node],
+                             "actions": [{"action": action, "target": node, "params": {}}]})
+
+    async def until(pred: Any, timeout: float) -> bool:
+        deadline = time.perf_counter() + timeout
+        while time.perf_counter() < deadline:
+            batch = await consumer.getmany(timeout_ms=100)
+            for msgs in batch.values():
+                for m in msgs:
+                    a = orjson.loads(m.value)
+                    seen.append(a)
+                    if a["outcome"] == "applied":
+                        applied.add(a["target"])
+            if pred():
+                return True
+        return False
+
+    seen: list[dict[str, Any]] = []
+    applied: set[str] = set()
+    pairs: list[dict[str, float]] = []
+    try:
+        await asyncio.to_thread(wait_ready, [worker])
+        await producer.start()
+        await consumer.start()
+        await consumer.seek_to_end()
+        for rep in range(repeat):
+            rates: dict[str, float] = {}
+            # the order alternates between pairs, so a drift (a warming worker, a neighbour)
+            # favours neither side
+            for mode in (("alone", "drain_blocked") if rep % 2 == 0 else ("drain_blocked", "alone")):
+                tag = f"r{rep}-{mode}"
+                names = [f"ba-{tag}-{i:03d}" for i in range(verdicts)]
+                blocked = f"bb-{tag}"
+
+                def add(names: list[str] = names, blocked: str = blocked, mode: str = mode) -> None:
+                    for n in names + [blocked]:
+                        runner.cluster.nodes[n] = Node(name=n, leaf="leaf-0", rng=np.random.default_rng(0),
+                                                       drain_blocked=(n == blocked and mode == "drain_blocked"))
+
+                await on_side(add)
+                if mode == "drain_blocked":
+                    await producer.send_and_wait(s.topic("verdicts"), key=blocked.encode(),
+                                                 value=verdict(f"bd-{tag}", blocked, "drain"))
+                    await asyncio.to_thread(lambda: time.sleep(2.0))  # refused and retrying by now
+                t0 = time.perf_counter()
+                for i, n in enumerate(names):
+                    await producer.send(s.topic("verdicts"), key=n.encode(), value=verdict(f"bv-{tag}-{i}", n, "isolate"))
+                await producer.flush()
+                want = set(names)
+                ok = await until(lambda: want <= applied, 120)
+                took = time.perf_counter() - t0
+                if not ok:
+                    raise RuntimeError(f"actuation bench: {mode} run {rep + 1} did not complete within 120 s")
+                rates[mode] = verdicts / took
+                if mode == "drain_blocked":
+                    waiting = not any(a["target"] == blocked for a in seen)
+
+                    def unblock(blocked: str = blocked) -> None:
+                        runner.cluster.nodes[blocked].drain_blocked = False
+
+                    await on_side(unblock)
+                    await until(lambda: blocked in applied, 60)
+                    if not waiting:
+                        raise RuntimeError("actuation bench: the blocked drain settled while it was blocked")
+            pairs.append({"alone_per_s": rates["alone"], "drain_blocked_per_s": rates["drain_blocked"],
+                          "ratio": rates["drain_blocked"] / rates["alone"]})
+            say(f"  run {rep + 1}/{repeat}: {rates['alone']:.0f} verdicts/s alone, "
+                f"{rates['drain_blocked']:.0f} with a drain waiting ({pairs[-1]['ratio']:.2f})")
+    finally:
+        await producer.stop()
+        await consumer.stop()
+        worker.stop()
+        if runner._runner is not None:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(runner._runner.cleanup(), side))
+        side.call_soon_threadsafe(side.stop)
+        side_thread.join(5)
+    ratios = [p["ratio"] for p in pairs]
+    return {"verdicts": verdicts, "runs": pairs, "ratio": float(np.median(ratios)), "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "alone_per_s": float(np.median([p["alone_per_s"] for p in pairs])),
+            "drain_blocked_per_s": float(np.median([p["drain_blocked_per_s"] for p in pairs]))}
+
+
 def run(*, bootstrap: str, nodes: int, rounds: int, net_every: int, latency_seconds: float, faults: int,
         two_workers: bool, out: Path, logdir: Path, repeat: int = 3, say=print) -> dict[str, Any]:
     prefix = f"bench{uuid.uuid4().hex[:6]}."
@@ -365,6 +485,8 @@ def run(*, bootstrap: str, nodes: int, rounds: int, net_every: int, latency_seco
     lat = asyncio.run(latency_run(bootstrap, env, load, one_rate / 2, latency_seconds, faults, logdir))
     say(f"  p50 {lat['p50_s'] * 1000:.0f} ms, p99 {lat['p99_s'] * 1000:.0f} ms ({lat['actions_seen']}/{lat['faults']} actions); "
         f"p50 by stage: {lat['stage_p50_s']}")
+    say("actuation: 300 verdicts alone and while a drain waits on a disruption budget")
+    act = asyncio.run(actuation_run(bootstrap, env, logdir, repeat=repeat, say=say))
     result = {
         "machine": machine(),
         "nodes": nodes, "rounds": rounds, "messages": total, "gpu_samples": gpu_total,
@@ -379,6 +501,7 @@ def run(*, bootstrap: str, nodes: int, rounds: int, net_every: int, latency_seco
         "latency": lat,
         "two_worker_samples_per_s": two["samples_per_s"] if two else None,
         "two_worker_speedup": (two["samples_per_s"] / one_rate) if two else None,
+        "actuation": act,
         "mem_mb_per_1k_nodes": mem_per_1k,
         "detector_state_mb_per_1k_nodes": one["detector_state_bytes"][0] / 1e6 / nodes * 1000,
         "one_worker": one, "two_workers": two,
@@ -404,6 +527,9 @@ def table(r: dict[str, Any]) -> str:
          else f"{r['two_worker_samples_per_s']:,.0f} samples/s ({r['two_worker_speedup']:.2f}x)"),
         ("fault-to-action latency", f"p50 {r['latency_p50_s'] * 1000:.0f} ms, p99 {r['latency_p99_s'] * 1000:.0f} ms, "
                                     f"max {r['latency_max_s'] * 1000:.0f} ms"),
+        ("verdicts/s while a drain waits", "-" if not r.get("actuation") else
+         f"{r['actuation']['drain_blocked_per_s']:.0f} vs {r['actuation']['alone_per_s']:.0f} alone: ratio "
+         f"{r['actuation']['ratio']:.2f} (min {r['actuation']['ratio_min']:.2f}, max {r['actuation']['ratio_max']:.2f})"),
         ("memory per 1,000 nodes", f"{r['mem_mb_per_1k_nodes']:.1f} MB RSS "
                                    f"({r['detector_state_mb_per_1k_nodes']:.1f} MB detector state)"),
     ]

@@ -135,6 +135,8 @@ class Node:
     diag_started: float | None = None
     diag_runs: int = 0
     escalated: bool = False
+    #: a PodDisruptionBudget covers its pods and allows no disruption: drains are refused
+    drain_blocked: bool = False
 
 
 @dataclass
@@ -668,6 +670,9 @@ class Cluster:
             node = self.nodes.get(target)
             if node is None:
                 return 404, {"error": f"no node {target}"}
+            if action == "drain" and node.drain_blocked:
+                # the Eviction API's answer while a budget allows no disruption (HTTP 429)
+                return 429, {"error": "Cannot evict pod as it would violate the pod's disruption budget."}
             outcome, detail = self._node_action(node, action)
         elif action in ("retry", "restart", "requeue", "stop"):
             job = self.jobs.get(target)
