@@ -107,6 +107,14 @@ UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 #: annotation the kubelet puts on mirror pods of static pods (not evictable)
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 
+#: a workload's drain mode, as a pod annotation or label (else the backend's default):
+#: ``Immediate`` (evict at once), ``AllowCompletion`` (never evicted: the drain waits for
+#: the pod to finish) or ``DeleteAfterTimeout`` (evicted once the drain has waited
+#: ``DRAIN_TIMEOUT_KEY`` seconds, else the backend's default timeout)
+DRAIN_MODE_KEY = "fleetmedic.dev/drain-mode"
+DRAIN_TIMEOUT_KEY = "fleetmedic.dev/drain-timeout-s"
+DRAIN_MODES = ("Immediate", "AllowCompletion", "DeleteAfterTimeout")
+
 DEFAULT_DIAG_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:3.3.5-1-ubuntu22.04"
 DEFAULT_DIAG_COMMAND = ("dcgmi", "diag", "-r", "2")
 
@@ -295,9 +303,18 @@ class KubernetesBackend:
         field_manager: str = "fleetmedic",
         request_timeout: float | tuple[float, float] = 30.0,
         clock: Callable[[], datetime] = _utcnow,
+        drain_mode: str = "Immediate",
+        drain_timeout_s: float = 600.0,
     ) -> None:
         if diag_gpus < 0:
             raise ValueError(f"diag_gpus must be >= 0, got {diag_gpus}")
+        if drain_mode not in DRAIN_MODES:
+            raise ValueError(f"drain_mode must be one of {', '.join(DRAIN_MODES)}, got {drain_mode!r}")
+        if drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s must be >= 0, got {drain_timeout_s}")
+        #: drain mode of pods that declare none, and DeleteAfterTimeout's default timeout
+        self.drain_mode = drain_mode
+        self.drain_timeout_s = drain_timeout_s
         self.core = core
         self.batch = batch
         #: namespace of the diagnostics Jobs
@@ -600,6 +617,21 @@ class KubernetesBackend:
         )
         return ActionResult(Outcome.applied, f"node {name}: " + (", ".join(done) or "cleared marks") + note)
 
+    def _drain_mode(self, pod: V1Pod) -> tuple[str, float]:
+        """A pod's drain mode and timeout: its annotation, else its label, else the default
+        (an unknown mode reads as the default)."""
+        meta = _meta(pod)
+        declared = (meta.annotations or {}).get(DRAIN_MODE_KEY) or (meta.labels or {}).get(DRAIN_MODE_KEY)
+        mode = declared if declared in DRAIN_MODES else self.drain_mode
+        if declared and declared not in DRAIN_MODES:
+            log.warning("pod %s: unknown drain mode %r, using %s", _pod_ref(pod), declared, mode)
+        raw = (meta.annotations or {}).get(DRAIN_TIMEOUT_KEY) or (meta.labels or {}).get(DRAIN_TIMEOUT_KEY)
+        try:
+            timeout = float(raw) if raw is not None else self.drain_timeout_s
+        except ValueError:
+            timeout = self.drain_timeout_s
+        return str(mode), max(0.0, timeout)
+
     async def drain(self, request: ActionRequest) -> ActionResult:
         """Move the workload off a node through the Eviction API.
 
@@ -611,6 +643,12 @@ class KubernetesBackend:
         meanwhile counts as evicted.  An eviction refused by a PodDisruptionBudget (429)
         is a :class:`TemporaryError` once every other pod has been tried.  Waiting for a
         checkpoint (``not_before_checkpoint``) is the pipeline's job, not this one's.
+
+        Each pod is drained in its workload's mode (:data:`DRAIN_MODE_KEY`): an
+        ``AllowCompletion`` pod is never evicted, and a ``DeleteAfterTimeout`` pod only once
+        the drain has waited its timeout since ``params["drain_since"]`` (the wall time of
+        the drain's first try); while such pods remain the drain is a
+        :class:`TemporaryError` (tried again later), and its detail names the modes.
         """
         name = request.target
         view = self._view(await self._read_node(name))
@@ -628,7 +666,12 @@ class KubernetesBackend:
                 skipped += 1
             else:
                 evictable.append(pod)
+        now = self.clock().timestamp()
+        since = float(request.params.get("drain_since") or now)
         if not evictable and view.cordoned:
+            if since < now:  # earlier tries of this drain evicted or waited out the rest
+                return ActionResult(Outcome.applied, f"node {name}: drained, its last pods gone since the drain's "
+                                                     f"first try {now - since:.0f} s ago ({skipped} pods skipped)")
             return ActionResult(Outcome.already_so, f"node {name}: nothing left to evict ({skipped} pods skipped)")
         done: list[str] = []
         if not view.cordoned:
@@ -637,9 +680,17 @@ class KubernetesBackend:
             )
             done.append("cordoned")
         grace = request.params.get("grace_period_s")
+        waited = now - since
         blocked: list[tuple[str, TemporaryError]] = []
         evicted = 0
+        modes: dict[str, int] = {}
+        waiting: list[tuple[str, str, float]] = []  # (pod, mode, seconds left)
         for pod in evictable:
+            mode, timeout = self._drain_mode(pod)
+            if mode == "AllowCompletion" or (mode == "DeleteAfterTimeout" and waited < timeout):
+                waiting.append((_pod_ref(pod), mode, timeout - waited if mode == "DeleteAfterTimeout" else 10.0))
+                continue
+            modes[mode] = modes.get(mode, 0) + 1
             eviction = V1Eviction(
                 api_version="policy/v1",
                 kind="Eviction",
@@ -663,7 +714,14 @@ class KubernetesBackend:
                 continue
             evicted += 1
         if evicted:
-            done.append(f"evicted {evicted} pods")
+            done.append(f"evicted {evicted} pods (" + ", ".join(f"{m} {k}" for m, k in sorted(modes.items())) + ")")
+        if waiting:
+            refs = ", ".join(f"{ref} ({mode})" for ref, mode, _ in waiting[:5])
+            raise TemporaryError(
+                f"node {name}: waiting for {len(waiting)} pods by their drain mode: {refs}"
+                + (f"; done so far: {', '.join(done)}" if done else ""),
+                delay=max(1.0, min(30.0, min(left for _, _, left in waiting))),
+            )
         if blocked:
             refs = ", ".join(ref for ref, _ in blocked[:5])
             delays = [exc.delay for _, exc in blocked if exc.delay is not None]

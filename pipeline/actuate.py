@@ -207,6 +207,8 @@ class Actuation:
         failed for good, else ``w`` again with the attempt counted and its next due time."""
         verdict = Verdict.model_validate(w.verdict)
         req = self.request(verdict, w.index)
+        if req.action is ActionName.drain:  # a drain's modes count from its first try
+            req = replace(req, params={**req.params, "drain_since": w.first_at if w.first_at is not None else now})
         prior = self.ledger.get(req.key)
         if prior is not None and Outcome(prior) in SETTLED:
             return self._record(req, Outcome.already_so, f"replayed: already {prior}", 0, verdict.ts)

@@ -260,6 +260,10 @@ class ActuatorSettings(_Section):
     drain_wait_s: float = Field(1800.0, ge=0, description="a drain refused for now (a PodDisruptionBudget) is "
                                 "tried again for this long (wall seconds) before it is reported failed")
     max_in_flight: int = Field(64, ge=1, le=4096, description="targets acted on at once (each in its own order)")
+    drain_mode: Literal["Immediate", "AllowCompletion", "DeleteAfterTimeout"] = Field(
+        "Immediate", description="how pods that declare no fleetmedic.dev/drain-mode are drained (Kubernetes)")
+    drain_timeout_s: float = Field(600.0, ge=0, description="DeleteAfterTimeout: wall seconds a drain waits before "
+                                   "it evicts (a pod's fleetmedic.dev/drain-timeout-s overrides it)")
 
 
 class WebhookSettings(_Section):

@@ -179,6 +179,10 @@ CLOCKS: list[tuple[str, str, tuple[str, ...], str]] = [
     ("a drain refused for now (a PodDisruptionBudget)", "wall", ("actuators.drain_wait_s",),
      "tried again at the backoff's pace (or the server's Retry-After) past max_attempts, until this long after "
      "its first try; other targets go on meanwhile (actuators.max_in_flight at once, each in its own order)"),
+    ("a pod's drain mode (Kubernetes)", "wall", ("actuators.drain_timeout_s",),
+     "DeleteAfterTimeout pods are evicted once the drain has waited this long since its first try (a pod's "
+     "fleetmedic.dev/drain-timeout-s overrides it); AllowCompletion pods are never evicted, the drain waits "
+     "for them (up to actuators.drain_wait_s); Immediate pods (actuators.drain_mode's default) at once"),
 ]
 
 #: what the job track does with each triage kind at the job's first failure, and later

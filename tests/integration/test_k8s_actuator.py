@@ -210,3 +210,63 @@ def test_unreachable_api_server_is_a_temporary_error(k8s_deployed: str) -> None:
     with pytest.raises(TemporaryError):
         asyncio.run(b.apply(ActionRequest(verdict_id="v", action=ActionName.isolate, target="n1")))
     assert time.monotonic() - started < 10
+
+
+def test_each_pod_is_drained_in_its_workloads_mode(admin: Cluster, backend, nodes) -> None:
+    """Immediate: evicted at the first try; DeleteAfterTimeout (3 s): evicted once the
+    drain has waited that long; AllowCompletion: never evicted, the drain waits for it to
+    finish. Carried out as the worker does, one try at a time with the work's first-try
+    time, on the real API server."""
+    from actuators import CircuitBreaker
+    from actuators.kubernetes import DRAIN_MODE_KEY, DRAIN_TIMEOUT_KEY
+    from pipeline.actuate import Actuation
+    from schemas import Verdict
+
+    node, _other = nodes
+    ns = admin.namespace("modes")
+    declared = {"fast": {}, "timed": {DRAIN_MODE_KEY: "DeleteAfterTimeout", DRAIN_TIMEOUT_KEY: "3"},
+                "batch": {DRAIN_MODE_KEY: "AllowCompletion"}}
+    for name, ann in declared.items():
+        pod = bare_pod(name, node)
+        pod["metadata"]["annotations"] = ann
+        admin.core.create_namespaced_pod(ns, pod)
+    gone_at: dict[str, float] = {}
+    with FakeKubelet(admin, set(nodes)) as kubelet:
+        wait_for("pods running", lambda: sorted(p.status.phase for p in admin.pods(ns)) == ["Running"] * 3, 30)
+        t0 = time.monotonic()
+        stop = threading.Event()
+
+        def watch() -> None:
+            # note when each pod is marked for deletion (evicted); finish the batch pod after 6 s
+            finished = False
+            while not stop.is_set():
+                for p in admin.pods(ns):
+                    if p.metadata.deletion_timestamp is not None:
+                        gone_at.setdefault(p.metadata.name, time.monotonic() - t0)
+                    if p.metadata.name == "batch" and not finished and time.monotonic() - t0 > 6:
+                        kubelet.finish(p, failed=False)
+                        finished = True
+                present = {p.metadata.name for p in admin.pods(ns)}
+                for name in declared:
+                    if name not in present:
+                        gone_at.setdefault(name, time.monotonic() - t0)
+                stop.wait(0.1)
+
+        t = threading.Thread(target=watch)
+        t.start()
+        act_ = Actuation(backend=backend, breaker=CircuitBreaker(max_fraction=1.0), fleet_size=lambda: 2,
+                         retry=RetryPolicy(max_attempts=3, base_delay=0.5, max_delay=1.0, jitter=0.0))
+        v = Verdict(ts=time.time(), id="v-modes", incident="inc-modes", scope="node", subject=node,
+                    fault_class="gpu_hardware", confidence=0.9, nodes=[node],
+                    actions=[{"action": "drain", "target": node, "params": {}}])
+        [rec] = asyncio.run(act_.carry_out(v))
+        took = time.monotonic() - t0
+        stop.set()
+        t.join(5)
+    assert rec.outcome is Outcome.applied, rec
+    assert rec.attempts >= 3  # it waited, beyond max_attempts (a drain is patient)
+    assert gone_at["fast"] < 2.5
+    assert 3.0 <= gone_at["timed"] < took + 1
+    [batch] = [p for p in admin.pods(ns) if p.metadata.name == "batch"]
+    assert batch.status.phase == "Succeeded" and batch.metadata.deletion_timestamp is None  # never evicted
+    assert took >= 6
