@@ -39,7 +39,7 @@ A stream in which only some series have a new value (the nodes whose
 telemetry arrived) steps those rows alone with :meth:`UnivariateDetector.update_rows`,
 at a cost in the rows stepped; :meth:`UnivariateDetector.grow` adds series
 (new nodes) and :meth:`UnivariateDetector.reset_rows` frees some for reuse.
-The pipeline (``pipeline.detect``) keeps banks of these over busy GPUs'
+The pipeline (``pipeline.detect.glue``) keeps banks of these over busy GPUs'
 temperature and power and over each node's step time in each job.
 """
 

@@ -12,7 +12,7 @@ decided by the event's own text: ``by_subcode`` (NVLink5, Xid 144-150, against t
 catalog's decode sheet in ``detectors/data/xid_nvlink5.csv``) and ``by_recovery_action``
 (Xid 154, the action the driver prints).  :func:`resolve` turns a code and its text
 into the action taken; the detector reports it in each finding's evidence, and the
-node track (``pipeline.policy``) applies the rules over time: repeats of an
+node track (``pipeline.correlate.policy``) applies the rules over time: repeats of an
 application-side code on one GPU across jobs, any code five times on one GPU in a day.
 
 Text parsing here is only of the event's own detail (the part of the driver's line

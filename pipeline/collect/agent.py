@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from schemas import GpuSample, NetworkSample
 
-from ..config import CollectSettings
+from pipeline.config import CollectSettings
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Agent:
 
     def __init__(self, cfg: CollectSettings, *, nvml: Any = None, clock: Callable[[], float] = time.time,
                  proc_gpus: str = "/proc/driver/nvidia/gpus") -> None:
-        from .kernel import XidMerger, auto_source
+        from pipeline.collect.kernel import XidMerger, auto_source
 
         self.cfg = cfg
         self.node = node_name(cfg)
@@ -83,7 +83,7 @@ class Agent:
 
     @staticmethod
     def _proc_buses(root: str) -> list[str]:
-        from .kernel import proc_gpu_buses
+        from pipeline.collect.kernel import proc_gpu_buses
 
         return proc_gpu_buses(root)
 
@@ -94,7 +94,7 @@ class Agent:
         return self.proc_buses.index(bus_id) if bus_id in self.proc_buses else None
 
     def _open_kernel(self, source: str) -> Any:
-        from .kernel import KernelLogCollector
+        from pipeline.collect.kernel import KernelLogCollector
 
         def sink(kind: str, ev: dict[str, Any]) -> None:
             self.merger.add_kernel(kind, ev)
@@ -110,7 +110,7 @@ class Agent:
             return None
 
     def _open_nvml(self, nvml: Any) -> Any:
-        from .nvml import NvmlCollector, load_nvml
+        from pipeline.collect.nvml import NvmlCollector, load_nvml
 
         try:
             lib = nvml if nvml is not None else load_nvml()
@@ -180,9 +180,9 @@ class Agent:
         return [rec]
 
     async def network(self) -> list[dict[str, Any]]:
-        from .dcgm import scrape
-        from .infiniband import read_network_sample
-        from .node_exporter import parse_node_exporter
+        from pipeline.collect.dcgm import scrape
+        from pipeline.collect.infiniband import read_network_sample
+        from pipeline.collect.node_exporter import parse_node_exporter
 
         try:
             if self.cfg.node_exporter_url:
@@ -202,7 +202,7 @@ class Agent:
         return [rec]
 
     async def dcgm(self) -> list[dict[str, Any]]:
-        from .dcgm import DcgmExporterParser, scrape
+        from pipeline.collect.dcgm import DcgmExporterParser, scrape
 
         out: list[dict[str, Any]] = []
         for url in self.cfg.dcgm_urls:
@@ -225,7 +225,7 @@ class Agent:
         or a container's id): this node, for an exporter on this machine; else none."""
         from urllib.parse import urlsplit
 
-        from ..gate import is_loopback
+        from pipeline.api.gate import is_loopback
 
         host = (urlsplit(url).hostname or "").lower()
         return self.node if is_loopback(host) or host == self.node.lower() else None

@@ -84,7 +84,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from schemas.records import MAX_GPUS, GpuSample, NodeName, XidEvent
 
-from ..nvrm import normalize_pci
+from detectors.nvrm import normalize_pci
 
 log = logging.getLogger(__name__)
 

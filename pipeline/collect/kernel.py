@@ -21,7 +21,7 @@ collector follows one source:
     a syslog file (``/var/log/kern.log``): ``Mar  1 12:00:00 host kernel: [123.4] NVRM:
     ...``; followed as it grows and across rotation; the time is when the line is read.
 
-Each line is parsed by :mod:`pipeline.nvrm`; an Xid's PCI bus id is mapped to its GPU
+Each line is parsed by :mod:`detectors.nvrm`; an Xid's PCI bus id is mapped to its GPU
 index by NVML's ``pciInfo`` (or, without NVML, by the bus ids in
 ``/proc/driver/nvidia/gpus``, in bus order as NVML enumerates them).  The events go to
 a sink (the agent's :class:`XidMerger`), which holds NVML's events briefly so that one
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..nvrm import normalize_pci, parse_sxid, parse_xid
+from detectors.nvrm import normalize_pci, parse_sxid, parse_xid
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.records import MAX_COUNTER, MAX_PORTS
 
-from .infiniband import UNKNOWN_SWITCH, switch_of, natural_key
+from pipeline.collect.infiniband import UNKNOWN_SWITCH, switch_of, natural_key
 
 log = logging.getLogger(__name__)
 

@@ -125,7 +125,7 @@ class NvmlCollector:
             pass
 
     def _bus_id(self, i: int, h: Any) -> str | None:
-        from ..nvrm import normalize_pci
+        from detectors.nvrm import normalize_pci
 
         try:
             info = self.nvml.nvmlDeviceGetPciInfo(h)
@@ -140,7 +140,7 @@ class NvmlCollector:
 
     def gpu_of_bus(self, bus_id: str) -> int | None:
         """The index of the GPU at PCI ``bus_id`` (any spelling), or None."""
-        from ..nvrm import normalize_pci
+        from detectors.nvrm import normalize_pci
 
         want = normalize_pci(bus_id)
         return next((i for i, b in enumerate(self.bus_ids) if b is not None and b == want), None)

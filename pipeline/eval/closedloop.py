@@ -12,14 +12,14 @@ is then run with each of four policies acting:
 * ``fleetmedic``: what the real code decides.  Every incident is first run as its own
   micro-simulation through :class:`pipeline.eval.inproc.InProcessLoop` (the detection
   glue and correlator the Faust agents call, and the real ``Actuation`` with its circuit
-  breaker): a 4-node :class:`pipeline.simulator.Cluster`, GPU telemetry every 5 s, a
+  breaker): a 4-node :class:`pipeline.sim.cluster.Cluster`, GPU telemetry every 5 s, a
   healthy warm-up of one detector window, then the one fault with its ramp, seeded per
   incident.  Its verdicts give the detection delay, the fault class, whether and when the
   node was isolated (for degrading faults: before the failure, and the lead time), the
   job's action (retry / requeue / stop) and its delay, and any other node isolated.
   The fleet-level simulation applies those outcomes.  Across incidents it keeps one real
   node-health state per node and passes it through the real policy functions
-  (:func:`pipeline.policy.node_on_notice`): ``job_failed`` notices of unattributed failures
+  (:func:`pipeline.correlate.policy.node_on_notice`): ``job_failed`` notices of unattributed failures
   (the repeat-failure rules: a node in many small failed jobs, or the node failures keep
   beginning on, which the scheduler reports for every cause but silent data corruption,
   ``field.toml`` ``[hidden]``) and ``diag_passed`` / ``diag_failed`` notices (the lemon rule).
@@ -38,7 +38,7 @@ GPU or port, after an exponential time for hidden faults and lemons); that a job
 keeps failing after its automatic retries (``controller_retries`` for the baselines,
 ``PolicySettings.transient_retries`` for fleetmedic) waits for a person (all policies);
 migration of a job off a degrading node at its next checkpoint or after
-``checkpoint_deadline_s`` (the rule of :func:`pipeline.policy.job_on_notice`, whose timing
+``checkpoint_deadline_s`` (the rule of :func:`pipeline.correlate.policy.job_on_notice`, whose timing
 the micro-simulation's 60 s checkpoints cannot show); diagnostics (1 h) and repair times;
 that lemons pass diagnostics and hidden faults fail them; that a person retires a node
 after as many returns as fleetmedic's lemon rule allows.  Recurrences of one incident
@@ -87,11 +87,11 @@ import numpy as np
 
 from schemas import NodeNotice
 
-from .. import policy
-from ..config import Settings, load_settings
-from ..simulator import DEGRADING_KINDS, HARDWARE_KINDS, KIND_CLASS, Cluster, Fault, SimConfig
-from . import field as fieldmod
-from .inproc import InProcessLoop
+from pipeline.correlate import policy
+from pipeline.config import Settings, load_settings
+from pipeline.sim.cluster import DEGRADING_KINDS, HARDWARE_KINDS, KIND_CLASS, Cluster, Fault, SimConfig
+from pipeline.eval import field as fieldmod
+from pipeline.eval.inproc import InProcessLoop
 
 POLICIES = ("fleetmedic", "manual", "naive_cordon", "retry_only")
 HOUR = 3600.0

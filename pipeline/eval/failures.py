@@ -3,9 +3,9 @@
 Each excerpt of the failure corpus (``tests/data/failures/``: real output from public
 threads, documentation and other projects' fixtures, with the root cause its source
 settled) becomes a job that fails with that output, through
-:class:`pipeline.replay.LocalPipeline`, which runs the very policy functions the Faust
-worker calls (``pipeline.policy``: the job track, the node track and the triage of
-``pipeline.triage``).
+:class:`pipeline.eval.replay.LocalPipeline`, which runs the very policy functions the Faust
+worker calls (``pipeline.correlate.policy``: the job track, the node track and the triage of
+``pipeline.correlate.triage``).
 
 The world the replay plays, per excerpt, a 4-node job (rank 0 on the first node):
 
@@ -54,8 +54,8 @@ from typing import Any
 
 from schemas import JobEvent, JobEventKind, Verdict
 
-from ..config import Settings
-from ..replay import LocalPipeline
+from pipeline.config import Settings
+from pipeline.eval.replay import LocalPipeline
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "data" / "failures"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..simulator import FAULT_KINDS
+from pipeline.sim.cluster import FAULT_KINDS
 
 PATH = Path(__file__).with_name("field.toml")
 #: kinds a cause may map to: the simulator's, and "hidden" (no telemetry signal)

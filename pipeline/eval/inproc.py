@@ -1,9 +1,9 @@
 """The simulated cluster and the pipeline's decisions in one process, in a closed loop.
 
-:class:`InProcessLoop` ticks a :class:`pipeline.simulator.Cluster`, decodes its records
+:class:`InProcessLoop` ticks a :class:`pipeline.sim.cluster.Cluster`, decodes its records
 exactly as the Faust agents do (:func:`schemas.codec.decode`), feeds them to
-:class:`pipeline.replay.LocalPipeline` (the detection glue and the correlator the agents
-call) and carries every verdict out with :class:`pipeline.actuate.Actuation` (the
+:class:`pipeline.eval.replay.LocalPipeline` (the detection glue and the correlator the agents
+call) and carries every verdict out with :class:`pipeline.actuate.core.Actuation` (the
 circuit breaker, idempotency ledger and audit records of the ``actuate`` agent) on a
 backend that calls the simulator's cluster API in process.  No Kafka, no clock: it runs
 as fast as the code does, so an evaluation can replay days of a cluster.
@@ -18,10 +18,10 @@ from actuators import ActionRequest, ActionResult, CircuitBreaker, PermanentErro
 from schemas import ActionRecord, GpuSample, JobEvent, NetworkSample, Outcome, Verdict
 from schemas.codec import DecodeError, decode
 
-from ..actuate import Actuation
-from ..config import Settings
-from ..replay import LocalPipeline
-from ..simulator import Cluster
+from pipeline.actuate.core import Actuation
+from pipeline.config import Settings
+from pipeline.eval.replay import LocalPipeline
+from pipeline.sim.cluster import Cluster
 
 RECORD_OF = {"telemetry.gpu": GpuSample, "telemetry.network": NetworkSample, "telemetry.job": JobEvent}
 

@@ -1,7 +1,7 @@
 """Scoring verdicts against the simulator's ground truth, per fault class.
 
 The right verdict for an injected fault (its class from
-:data:`pipeline.simulator.KIND_CLASS`, its target from the fault):
+:data:`pipeline.sim.cluster.KIND_CLASS`, its target from the fault):
 
 * a node fault (``gpu_hardware``, ``gpu_memory``, ``nvlink``, ``node_network``,
   ``node_degrading``): the first node verdict that isolates the faulty node after the
@@ -19,7 +19,7 @@ The right verdict for an injected fault (its class from
   own window ends only at the next user bug of its job).  Such cases are listed under
   ``confounded``.  Any hardware class is accepted there: the node's own isolation
   is scored against its own class.  A crash whose output names no cause is answered
-  ``unknown`` and run again (``pipeline.triage``): right for a transient fault, listed
+  ``unknown`` and run again (``pipeline.correlate.triage``): right for a transient fault, listed
   under ``weak_evidence``.
 
 Precision of a class counts, among the verdicts of that class (the isolating node
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..simulator import HARDWARE_KINDS, KIND_CLASS, SWITCH_KINDS, Cluster, Fault
+from pipeline.sim.cluster import HARDWARE_KINDS, KIND_CLASS, SWITCH_KINDS, Cluster, Fault
 
 NODE_CLASSES = ("gpu_hardware", "gpu_memory", "nvlink", "node_network", "node_degrading")
 JOB_CLASSES = ("transient_software", "user_error")

@@ -42,10 +42,10 @@ from typing import Any
 
 import orjson
 
-from ..config import load_settings, state_dir
-from ..procs import WorkerProcess, free_port, kafka_script
-from ..simulator import KIND_CLASS, Cluster, Fault, SimConfig
-from . import metrics
+from pipeline.config import load_settings, state_dir
+from pipeline.worker.procs import WorkerProcess, free_port, kafka_script
+from pipeline.sim.cluster import KIND_CLASS, Cluster, Fault, SimConfig
+from pipeline.eval import metrics
 
 #: faults per kind in the full run: at least 25 of every class of design.md (300 in all)
 MIX = {
@@ -197,7 +197,7 @@ def rescore(records: Path, *, out: Path | None = None, say=print) -> dict[str, A
 
 
 def _run_inprocess(sc: Scenario, cluster: Cluster, say: Any) -> tuple[list[dict], list[dict]]:
-    from .inproc import InProcessLoop
+    from pipeline.eval.inproc import InProcessLoop
 
     cluster.t0 = 1_800_000_000.0
     s = load_settings(environ=_settings_env(sc))
@@ -274,8 +274,8 @@ def _scenario(sc: Scenario, cluster: Cluster, env: dict[str, str], bootstrap: st
               say: Any, diag: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-    from ..simrun import SimRunner
-    from ..topics import ensure_topics
+    from pipeline.sim.run import SimRunner
+    from pipeline.worker.topics import ensure_topics
 
     api_port = free_port()
     tag = uuid.uuid4().hex[:6]

@@ -23,10 +23,10 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from pipeline.config import Settings, load_settings
-from pipeline.procs import ROOT, WorkerProcess, free_port, wait_ready  # noqa: F401 (ROOT for the tests)
-from pipeline.simulator import GPUS, Cluster, Job, Node, SimConfig, gpu_record
-from pipeline.simrun import SimRunner
-from pipeline.topics import ensure_topics
+from pipeline.worker.procs import ROOT, WorkerProcess, free_port, wait_ready  # noqa: F401 (ROOT for the tests)
+from pipeline.sim.cluster import GPUS, Cluster, Job, Node, SimConfig, gpu_record
+from pipeline.sim.run import SimRunner
+from pipeline.worker.topics import ensure_topics
 
 
 

@@ -89,7 +89,7 @@ def test_a_short_chaos_run_loses_no_verdict_and_changes_nothing_twice(kafka_boot
     worker is SIGKILLed 3 times, the backend answers 503 for 15 s and 3,000 fuzzed
     messages arrive; the broker is shared with the other tests, so it is not restarted
     here (the full run does that)."""
-    from pipeline.chaos import run
+    from pipeline.eval.chaos import run
 
     out = tmp_path / "chaos.json"
     r = run(nodes=16, duration=100, speed=6, kills=3, outage_s=15, hostile=3000, seed=3, broker_restart=False,

@@ -18,7 +18,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from pipeline.eval.inproc import InProcessLoop
-from pipeline.simulator import Cluster, Fault, SimConfig
+from pipeline.sim.cluster import Cluster, Fault, SimConfig
 
 from .harness import ClusterAPI, Worker, collect
 

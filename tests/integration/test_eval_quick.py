@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from pipeline.simulator import KIND_CLASS
+from pipeline.sim.cluster import KIND_CLASS
 
 from .harness import ROOT
 

@@ -219,7 +219,7 @@ def test_each_pod_is_drained_in_its_workloads_mode(admin: Cluster, backend, node
     time, on the real API server."""
     from actuators import CircuitBreaker
     from actuators.kubernetes import DRAIN_MODE_KEY, DRAIN_TIMEOUT_KEY
-    from pipeline.actuate import Actuation
+    from pipeline.actuate.core import Actuation
     from schemas import Verdict
 
     node, _other = nodes

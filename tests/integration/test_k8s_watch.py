@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from pipeline.k8s_watch import KubernetesJobWatcher
+from pipeline.watch.k8s import KubernetesJobWatcher
 from schemas import JobEventKind
 
 from .harness import BackgroundLoop

@@ -8,7 +8,7 @@
    changelog topic.
 3. The same restart on a slow machine (the seek to the committed offsets takes a
    second, the agent 50 ms a record): the backlog waiting for the second worker must
-   not lose a record (``pipeline/faust_fixes.py``).
+   not lose a record (``pipeline/worker/faust_fixes.py``).
 
 Both use fresh topic/group names, so they can run against a long-lived broker.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from pipeline.procs import free_port
+from pipeline.worker.procs import free_port
 
 PARTITIONS = 8
 
@@ -100,7 +100,7 @@ FAUST_APP = textwrap.dedent(
     import faust
     from faust.transport.consumer import Consumer
 
-    import pipeline.faust_fixes  # noqa: F401  (shipped with every fleetmedic worker)
+    import pipeline.worker.faust_fixes  # noqa: F401  (shipped with every fleetmedic worker)
 
     SUFFIX = os.environ["SMOKE_SUFFIX"]
     SEEK_DELAY = float(os.environ.get("SMOKE_SEEK_DELAY", "0"))
@@ -278,7 +278,7 @@ def test_faust_worker_agent_table(kafka_bootstrap: str, tmp_path: Path) -> None:
 
 
 def test_restart_with_a_slow_seek_loses_no_record(kafka_bootstrap: str, tmp_path: Path) -> None:
-    """Without ``pipeline.faust_fixes`` this loses about 20 of the 30 waiting records:
+    """Without ``pipeline.worker.faust_fixes`` this loses about 20 of the 30 waiting records:
     they reach the stream queue after the seek and are cleared when recovery resumes
     the flow."""
     _restart_scenario(kafka_bootstrap, tmp_path, timeout=90, SMOKE_SEEK_DELAY="1", SMOKE_PROCESS_DELAY="0.05")

@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
-from pipeline.eval_network import Fabric, FabricFault
+from pipeline.eval.network import Fabric, FabricFault
 
 from .harness import Worker, collect, produce
 

@@ -23,8 +23,8 @@ import orjson
 import pytest
 
 from pipeline.eval.inproc import InProcessLoop
-from pipeline.recording import INPUT_TOPICS, Recorded, read, write
-from pipeline.simulator import Cluster, Fault, SimConfig
+from pipeline.sim.recording import INPUT_TOPICS, Recorded, read, write
+from pipeline.sim.cluster import Cluster, Fault, SimConfig
 
 from .harness import ClusterAPI, Worker, collect
 

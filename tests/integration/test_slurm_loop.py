@@ -202,9 +202,9 @@ def test_same_scenario_gives_the_same_verdicts_with_the_kubernetes_and_the_slurm
     from actuators import CircuitBreaker, RetryPolicy
     from actuators.kubernetes import KubernetesBackend
     from actuators.slurm import SlurmBackend
-    from pipeline.actuate import Actuation
+    from pipeline.actuate.core import Actuation
     from pipeline.config import load_settings
-    from pipeline.replay import LocalPipeline
+    from pipeline.eval.replay import LocalPipeline
     from tests.unit.actuators.test_kubernetes import FakeBatchV1Api, FakeCoreV1Api
 
     # two real Slurm jobs so that the Slurm backend acts on real objects

@@ -1,7 +1,7 @@
 """Probes of a real worker's web server, with sign-in on and with it off.
 
 Each test is one finding of the security review (the "let no one in" issue): it fails on
-a worker without the gate (``pipeline/gate.py``) and passes with it.
+a worker without the gate (``pipeline/api/gate.py``) and passes with it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """docs/contract.md says what the code does.
 
-The document is generated from the registries and tables of :mod:`pipeline.contract`
+The document is generated from the registries and tables of :mod:`pipeline.cli.contract`
 and from the code it reads (metrics, triage rules, settings, the breaker).  These tests
 fail when the document is stale, and when real input run through the pipeline makes it
 emit an action param, an evidence key, a finding kind, a rule or a metric that the
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import contract
+from pipeline.cli import contract
 from pipeline.config import DetectorSettings, Settings, load_settings
-from pipeline.detect import GpuDetection, NetworkDetection
+from pipeline.detect.glue import GpuDetection, NetworkDetection
 from pipeline.eval import failures as corpus
 from pipeline.eval.inproc import InProcessLoop
-from pipeline.simulator import Cluster, Fault, SimConfig
-from pipeline.triage import triage
+from pipeline.sim.cluster import Cluster, Fault, SimConfig
+from pipeline.correlate.triage import triage
 from schemas import GpuSample, NetworkSample
 from schemas.codec import decode
 

@@ -10,9 +10,9 @@ import pytest_asyncio
 from actuators.base import ActionRequest, PermanentError, TemporaryError
 from actuators.sim import SimBackend
 from pipeline.config import load_settings
-from pipeline.procs import free_port
-from pipeline.simrun import SimRunner
-from pipeline.simulator import SimConfig
+from pipeline.worker.procs import free_port
+from pipeline.sim.run import SimRunner
+from pipeline.sim.cluster import SimConfig
 from schemas import ActionName, Outcome
 
 pytestmark = pytest.mark.asyncio

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pipeline.collect.infiniband import read_network_sample
 from pipeline.collect.node_exporter import parse_node_exporter
 from pipeline.config import DetectorSettings, NetworkSettings
-from pipeline.detect import NetworkDetection
+from pipeline.detect.glue import NetworkDetection
 from schemas import NetworkSample
 from schemas.codec import decode
 from tests.ttar import unpack

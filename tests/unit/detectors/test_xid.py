@@ -18,7 +18,7 @@ import pytest
 from detectors import XID_TABLE, FaultClass, XidDetector, lookup, resolve
 from detectors.tools import build_xid_table
 from detectors.xid import recovery_action, resolve_sxid, sxid_findings
-from pipeline.nvrm import parse_sxid, parse_xid
+from detectors.nvrm import parse_sxid, parse_xid
 
 from .cases import shared_data_dir
 

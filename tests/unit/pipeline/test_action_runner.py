@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from actuators import ActionRequest, ActionResult, CircuitBreaker, RetryPolicy, TemporaryError
-from pipeline.actuate import ActionRunner, Actuation, Work
+from pipeline.actuate.core import ActionRunner, Actuation, Work
 from schemas import ActionName, ActionRecord, Outcome
 
 from .builders import T0, verdict

@@ -15,7 +15,7 @@ from actuators import (
     RetryPolicy,
     TemporaryError,
 )
-from pipeline.actuate import Actuation
+from pipeline.actuate.core import Actuation
 from schemas import ActionName, Outcome
 
 from .builders import T0, verdict

@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from pipeline.auth import AuthError, KeyStore, NoAuth, OidcAuth, authorize
+from pipeline.api.auth import AuthError, KeyStore, NoAuth, OidcAuth, authorize
 
 ISSUER = "http://127.0.0.1/realms/fleet"
 AUDIENCE = "fleetmedic"

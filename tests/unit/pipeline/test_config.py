@@ -89,7 +89,7 @@ def test_policy_settings_refuse_unknown_overrides() -> None:
 
 
 def test_faust_data_lives_under_the_state_dir_never_the_working_directory(tmp_path: Path, monkeypatch) -> None:
-    from pipeline.app import create_app, data_dir
+    from pipeline.worker.app import create_app, data_dir
 
     monkeypatch.setenv("FLEETMEDIC_STATE", str(tmp_path / "state"))
     s = load_settings(environ={"FLEETMEDIC_KAFKA__APP_ID": "fm-dd"})

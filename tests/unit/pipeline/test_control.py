@@ -4,7 +4,7 @@ records are skipped without losing the rest."""
 
 from __future__ import annotations
 
-from pipeline.control import DRY_RUN, HELD, ControlState, dry_run_record, held_record
+from pipeline.actuate.control import DRY_RUN, HELD, ControlState, dry_run_record, held_record
 
 
 def _held(key: str, node: str) -> dict:

@@ -7,8 +7,8 @@ import pytest
 
 from detectors import UnivariateDetector
 from pipeline.config import DetectorSettings, PolicySettings
-from pipeline.detect import BUSY_SETTLE_S, JOB_IDLE_S, GpuDetection, PeerDetection
-from pipeline.policy import HEALTHY, SUSPECT, new_node_health, node_on_anomaly
+from pipeline.detect.glue import BUSY_SETTLE_S, JOB_IDLE_S, GpuDetection, PeerDetection
+from pipeline.correlate.policy import HEALTHY, SUSPECT, new_node_health, node_on_anomaly
 from schemas import FaultClass, Severity
 
 from .builders import GPUS, T0, anomaly, gpu_sample, job_event, sbe_ramp
@@ -68,7 +68,7 @@ def test_late_samples_of_one_node_do_not_hold_back_another_node() -> None:
 def test_a_redelivery_older_than_the_remembered_times_reads_as_late() -> None:
     # only the last SEEN_TS accepted times are kept per node; an older redelivery cannot
     # be told from a late sample, and is refused as late (never used)
-    from pipeline.detect import SEEN_TS
+    from pipeline.detect.glue import SEEN_TS
     det = _detection()
     det.process([gpu_sample(NODE, T0 + i) for i in range(SEEN_TS + 5)])
     det.process([gpu_sample(NODE, T0 + 5), gpu_sample(NODE, T0 + 2), gpu_sample(NODE, T0 + 3)])
@@ -395,7 +395,7 @@ def test_a_telemetry_gap_neither_raises_nor_hides_a_rate() -> None:
 
 
 def test_readiness_needs_partitions_no_rebalance_and_a_caught_up_consumer() -> None:
-    from pipeline.detect import readiness
+    from pipeline.detect.glue import readiness
 
     lags = {"gpu:0": 10, "gpu:1": None, "job:0": 0}
     r = readiness(assigned=True, rebalancing=False, lags=lags, max_lag=10)

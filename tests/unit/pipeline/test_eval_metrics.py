@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline.eval.metrics import score
-from pipeline.simulator import Cluster, Fault, SimConfig
+from pipeline.sim.cluster import Cluster, Fault, SimConfig
 
 T0 = 1_800_000_000.0
 

@@ -22,7 +22,7 @@ from kubernetes.client import (
 )
 from kubernetes.client.exceptions import ApiException
 
-from pipeline.k8s_watch import PodJobTracker, WatchLoop, job_of_pod
+from pipeline.watch.k8s import PodJobTracker, WatchLoop, job_of_pod
 from schemas import JobEventKind
 
 

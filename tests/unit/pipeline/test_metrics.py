@@ -8,8 +8,8 @@ import re
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.app import Metrics
-from pipeline.procs import ROOT
+from pipeline.worker.app import Metrics
+from pipeline.worker.procs import ROOT
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "fleetmedic.json"
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import DetectorSettings
-from pipeline.detect import NetworkDetection
+from pipeline.detect.glue import NetworkDetection
 from schemas import FaultClass, NetworkSample
 
 from .builders import T0
@@ -103,7 +103,7 @@ def test_a_node_whose_ports_change_starts_a_new_window() -> None:
 def test_the_training_sample_is_the_same_whatever_order_and_batching_the_windows_come_in() -> None:
     """Bottom-k by a stable hash per event-time cell: the rows kept depend on the rows
     alone; a cell is capped, and later cells never push out an earlier cell's rows."""
-    from pipeline.detect import FIT_GRID_S, _row_keys
+    from pipeline.detect.glue import FIT_GRID_S, _row_keys
 
     rng = np.random.default_rng(3)
     n = 30_000
@@ -124,7 +124,7 @@ def test_the_training_sample_is_the_same_whatever_order_and_batching_the_windows
 
 
 def test_partition_watermark_waits_for_the_slowest_partition():
-    from pipeline.detect import PartitionWatermark
+    from pipeline.detect.glue import PartitionWatermark
 
     wm = PartitionWatermark(idle_s=300.0)
     assert wm.value == 0.0
@@ -149,7 +149,7 @@ def test_the_fabric_model_fits_and_scores_alike_at_any_batching_and_interleaving
     each replay speed; with fits on the event-time grid over an order-free sample, and
     each window scored by the model in force at its time, the findings are the same."""
     from pipeline.config import NetworkSettings
-    from pipeline.eval_network import Fabric, FabricFault
+    from pipeline.eval.network import Fabric, FabricFault
 
     step = 10.0
     fab = Fabric(32, 4, step, seed=5)

@@ -7,9 +7,9 @@ import re
 import faust
 import yaml
 
-from pipeline import api
-from pipeline.auth import NoAuth
-from pipeline.procs import ROOT
+from pipeline.api import views as api
+from pipeline.api.auth import NoAuth
+from pipeline.worker.procs import ROOT
 
 
 def _registered() -> dict[str, set[str]]:

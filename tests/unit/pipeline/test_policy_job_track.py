@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.config import PolicySettings
 from pipeline.eval.failures import excerpt
-from pipeline.policy import job_on_event, job_on_notice, job_on_tick, new_job_history
+from pipeline.correlate.policy import job_on_event, job_on_notice, job_on_tick, new_job_history
 from schemas import ActionName, FaultClass, JobEventKind, JobNotice
 
 from .builders import T0, job_event, job_notice

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import PolicySettings
-from pipeline.policy import (
+from pipeline.correlate.policy import (
     DIAGNOSING,
     FAILED,
     HEALTHY,

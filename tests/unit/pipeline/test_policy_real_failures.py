@@ -3,7 +3,7 @@ driver's Xids decide together.
 
 Texts are the failure corpus's tune split and the driver's lines of
 ``tests/fixtures/kernel-log/lines.toml``; the decisions run through
-:class:`pipeline.replay.LocalPipeline`, which calls the worker's own policy functions.
+:class:`pipeline.eval.replay.LocalPipeline`, which calls the worker's own policy functions.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from pipeline.config import Settings
 from pipeline.eval.failures import excerpt
-from pipeline.nvrm import parse_xid
-from pipeline.replay import LocalPipeline
+from detectors.nvrm import parse_xid
+from pipeline.eval.replay import LocalPipeline
 from schemas import JobEvent, JobEventKind
 
 from .builders import T0, gpu_sample

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline import policy
+from pipeline.correlate import policy
 from pipeline.config import NetworkSettings, PolicySettings
 from schemas import ActionName, FaultClass, NodeNotice, SwitchNotice
 

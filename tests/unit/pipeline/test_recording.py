@@ -7,7 +7,7 @@ import asyncio
 import orjson
 import pytest
 
-from pipeline.recording import Recorded, RecordingError, read, replay, schedule, write
+from pipeline.sim.recording import Recorded, RecordingError, read, replay, schedule, write
 
 T0 = 1_700_000_000.0
 

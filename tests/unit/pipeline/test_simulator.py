@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from pipeline.simulator import Cluster, SimConfig, score
+from pipeline.sim.cluster import Cluster, SimConfig, score
 from schemas import GpuSample, JobEvent, NetworkSample, decode
 
 from .builders import T0
@@ -133,7 +133,7 @@ def test_score_does_not_count_isolating_a_faulty_node_as_false() -> None:
 
 
 def test_a_transient_faults_rerun_is_not_spoiled_by_a_later_fault_injected_on_one_of_its_nodes() -> None:
-    from pipeline.simulator import Fault
+    from pipeline.sim.cluster import Fault
 
     c = _cluster()
     transient = Fault(kind="nccl_timeout", at=10.0, job="train-0001", applied_ts=c.t0 + 10)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from actuators.slurm import SlurmBackend
-from pipeline.slurm_watch import SlurmJobWatcher
+from pipeline.watch.slurm import SlurmJobWatcher
 
 
 def line(jid, state, nodes="n[1-2]", restarts=0, exit_code="0:0", reason="None", comment="(null)", stderr="/dev/null"):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pipeline.app import create_app
+from pipeline.worker.app import create_app
 from pipeline.config import load_settings
-from pipeline.topics import changelog_specs, topic_specs
+from pipeline.worker.topics import changelog_specs, topic_specs
 
 
 def test_changelog_specs_match_the_tables_faust_declares():

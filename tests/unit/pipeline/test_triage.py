@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.eval.failures import excerpt, load
-from pipeline.triage import read_failure, signature_basis, triage
+from pipeline.correlate.triage import read_failure, signature_basis, triage
 
 REPO = Path(__file__).resolve().parents[3]
 TUNE = load("tune")

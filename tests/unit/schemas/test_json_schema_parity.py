@@ -18,10 +18,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from pipeline import policy
+from pipeline.correlate import policy
 from pipeline.config import DetectorSettings, PolicySettings
-from pipeline.control import dry_run_record, held_record
-from pipeline.detect import GpuDetection, NetworkDetection
+from pipeline.actuate.control import dry_run_record, held_record
+from pipeline.detect.glue import GpuDetection, NetworkDetection
 from schemas import GpuSample, JobEvent, NetworkSample
 from schemas.codec import DecodeError, dead_letter, decode
 from schemas.jsonschema import JSON_DIR

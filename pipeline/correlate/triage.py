@@ -24,7 +24,7 @@ than by keywords:
 :func:`classify` turns that reading into a :class:`Triage`: a kind (hardware, network,
 user, transient, elsewhere, unknown), a fault class, how strong the evidence is, whether
 the failure says anything about the job's nodes, and the rule that decided, by name.
-The job track (:mod:`pipeline.policy`) combines it with the job's history: the same
+The job track (:mod:`pipeline.correlate.policy`) combines it with the job's history: the same
 signature on other nodes points at the job, failures of different jobs beginning on one
 node point at the node.  Nothing here does I/O.
 """
@@ -39,7 +39,7 @@ from typing import Any, Literal
 from detectors.xid import lookup as xid_lookup
 from schemas import FaultClass
 
-from .nvrm import parse_xid
+from detectors.nvrm import parse_xid
 
 __all__ = ["Reading", "Triage", "classify", "read_failure", "triage", "signature_basis"]
 
@@ -676,7 +676,7 @@ def _xid_in_text(codes: list[int]) -> tuple[str, FaultClass, int] | None:
 def classify(r: Reading, nodes: list[str] | None = None) -> Triage:
     """The cause a failure's reading points at (the first rule that matches wins).
 
-    Kinds, and what the job track does with them (:mod:`pipeline.policy`):
+    Kinds, and what the job track does with them (:mod:`pipeline.correlate.policy`):
 
     * ``hardware``: only failing hardware prints this (an Xid that takes the node out, an
       uncorrectable ECC or NVLink error, a GPU off the bus or lost, NVIDIA's diagnostics

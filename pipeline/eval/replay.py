@@ -1,7 +1,7 @@
 """The pipeline's decisions in one process, without Kafka.
 
 :class:`LocalPipeline` wires the very functions the Faust agents call (the detection
-glue of :mod:`pipeline.detect` and the policy of :mod:`pipeline.policy`) with in-memory
+glue of :mod:`pipeline.detect.glue` and the policy of :mod:`pipeline.correlate.policy`) with in-memory
 state and an in-memory queue for the notices between the node and job tracks.  It is
 for replaying a scenario quickly and deterministically: comparing backends, evaluating
 scenarios at scale, and checking that the in-process path gives the pipeline's verdicts.
@@ -16,9 +16,9 @@ from typing import Any
 
 from schemas import Anomaly, GpuSample, JobEvent, JobNotice, NetworkSample, NodeNotice, Record, SwitchNotice, Verdict
 
-from . import policy
-from .config import Settings
-from .detect import GpuDetection, NetworkDetection, PeerDetection
+from pipeline.correlate import policy
+from pipeline.config import Settings
+from pipeline.detect.glue import GpuDetection, NetworkDetection, PeerDetection
 
 
 class LocalPipeline:

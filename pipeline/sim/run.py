@@ -17,8 +17,8 @@ import orjson
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from .config import Settings
-from .simulator import Cluster, SimConfig, score
+from pipeline.config import Settings
+from pipeline.sim.cluster import Cluster, SimConfig, score
 
 log = logging.getLogger("fleetmedic.sim")
 

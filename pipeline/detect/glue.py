@@ -44,8 +44,8 @@ from detectors.links import links_below
 from detectors.xid import sxid_findings
 from schemas import Anomaly, FaultClass, GpuSample, JobEvent, JobEventKind, NetworkSample, Severity, Window
 
-from .config import DetectorSettings, NetworkSettings
-from .policy import stable_id
+from pipeline.config import DetectorSettings, NetworkSettings
+from schemas.ids import stable_id
 
 
 def _sev(s: str) -> Severity:

@@ -35,10 +35,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from schemas import GpuSample, NetworkSample, decode
 
-from .config import load_settings
-from .procs import WorkerProcess, free_port, wait_ready
-from .simulator import GPUS, gpu_record
-from .topics import ensure_topics
+from pipeline.config import load_settings
+from pipeline.worker.procs import WorkerProcess, free_port, wait_ready
+from pipeline.sim.cluster import GPUS, gpu_record
+from pipeline.worker.topics import ensure_topics
 
 
 
@@ -182,8 +182,8 @@ def run_workers(env: dict[str, str], count: int, total: int, logdir: Path, timeo
 async def latency_run(bootstrap: str, env: dict[str, str], load: FleetLoad, rate: float, seconds: float,
                       faults: int, logdir: Path) -> dict[str, Any]:
     """Stream at ``rate`` samples/s for ``seconds``, inject ``faults``; fault-to-action latencies."""
-    from .simrun import SimRunner
-    from .simulator import SimConfig
+    from pipeline.sim.run import SimRunner
+    from pipeline.sim.cluster import SimConfig
 
     # topics of its own: the throughput backlog must not sit in front of the live stream
     env = {**env, "FLEETMEDIC_KAFKA__TOPIC_PREFIX": env["FLEETMEDIC_KAFKA__TOPIC_PREFIX"] + "live."}
@@ -192,7 +192,7 @@ async def latency_run(bootstrap: str, env: dict[str, str], load: FleetLoad, rate
     api_port = free_port()
     runner = SimRunner(s, SimConfig(nodes=0, faults="none"), api_port=api_port)
     fault_nodes = [load.nodes[(i * 7919) % len(load.nodes)] for i in range(faults)]
-    from .simulator import Node
+    from pipeline.sim.cluster import Node
 
     for n in fault_nodes:
         runner.cluster.nodes[n] = Node(name=n, leaf="leaf-0", rng=np.random.default_rng(0))
@@ -320,8 +320,8 @@ async def actuation_run(bootstrap: str, env: dict[str, str], logdir: Path, *, ve
     backend): ``verdicts`` isolations of fresh nodes alone, then again while a drain of
     another node is refused (HTTP 429) and retried; rate = verdicts / (first sent to last
     applied)."""
-    from .simrun import SimRunner
-    from .simulator import Node, SimConfig
+    from pipeline.sim.run import SimRunner
+    from pipeline.sim.cluster import Node, SimConfig
 
     env = {**env, "FLEETMEDIC_KAFKA__TOPIC_PREFIX": env["FLEETMEDIC_KAFKA__TOPIC_PREFIX"] + "act."}
     api_port = free_port()

@@ -13,7 +13,7 @@ name=<unknown>`` for errors no process caused.  The NVSwitch driver reports an S
 Both may carry any prefix (a dmesg timestamp, a syslog header, journald's nothing), so
 the parsers search the line rather than anchor it.  Nothing here does I/O; the kernel-log
 collector (:mod:`pipeline.collect.kernel`) and the job-failure triage
-(:mod:`pipeline.triage`) call these functions on text that drivers printed.  What an
+(:mod:`pipeline.correlate.triage`) call these functions on text that drivers printed.  What an
 Xid's own text means (154's recovery action, 144-150's unit and registers) is the Xid
 table's concern: :mod:`detectors.xid`.
 """

@@ -17,7 +17,7 @@ a sequence of epochs; each epoch injects, on distinct nodes of distinct leaves:
   isolation expected).
 
 The first epochs are healthy (the model fits on them) and so is the last part of every
-epoch. Records go through :class:`pipeline.replay.LocalPipeline`, the very detection and
+epoch. Records go through :class:`pipeline.eval.replay.LocalPipeline`, the very detection and
 correlator code the Faust agents call; nodes are returned to service between epochs.
 
 Then the PyOD models (HBOS, ECOD, COPOD, IForest) are compared on labelled feature rows
@@ -38,7 +38,7 @@ import numpy as np
 from detectors.fabric import MODELS, PortModel, port_features
 from schemas import NetworkSample, PortSample
 
-from .config import Settings, load_settings
+from pipeline.config import Settings, load_settings
 
 KINDS = ("port_degrade", "flap", "nic", "congestion", "leaf")
 NODE_KINDS = ("port_degrade", "flap", "nic")
@@ -152,7 +152,7 @@ def schedule(nodes: int, leaves: int, epochs: int, healthy_epochs: int, epoch_s:
 def run(*, nodes: int = 256, leaves: int = 8, epochs: int = 100, healthy_epochs: int = 6, interval: float = 10.0,
         epoch_s: float = 720.0, seed: int = 1, model: str = "ecod", out: Path | None = None,
         compare_models: bool = True, say=print) -> dict[str, Any]:
-    from .replay import LocalPipeline
+    from pipeline.eval.replay import LocalPipeline
 
     s: Settings = load_settings(environ={}, overrides={"network": {"enforce": True, "model": model}})
     pipe = LocalPipeline(s)

@@ -9,14 +9,13 @@ Two owners, each keyed as its records are:
 
 They meet only through keyed notices (``NodeNotice`` to a node's owner, ``JobNotice`` to a
 job's owner), so one worker owns each node and each job.  Nothing here does I/O: the
-Faust agents in :mod:`pipeline.app` receive, call these functions, store the returned
+Faust agents in :mod:`pipeline.worker.app` receive, call these functions, store the returned
 state and send the returned records.  State is a JSON-able dict so that it can live in a
 Faust table as is.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +33,9 @@ from schemas import (
     Verdict,
 )
 
-from .config import NetworkSettings, PolicySettings
-from .triage import signature_basis, triage
+from pipeline.config import NetworkSettings, PolicySettings
+from schemas.ids import stable_id
+from pipeline.correlate.triage import signature_basis, triage
 
 HEALTHY, SUSPECT, ISOLATED, DIAGNOSING, FAILED = "healthy", "suspect", "isolated", "diagnosing", "failed"
 OUT_OF_POOL = frozenset({ISOLATED, DIAGNOSING, FAILED})
@@ -55,10 +55,6 @@ MAX_KEPT = 64
 XID_DETECTORS = frozenset({"xid", "sxid"})
 #: detectors of fabric ports: their anomalies are attributed by the switch track
 FABRIC_DETECTORS = frozenset({"link_rules", "fabric_rate", "fabric_model"})
-
-
-def stable_id(*parts: Any, n: int = 16) -> str:
-    return hashlib.sha1("|".join(str(p) for p in parts).encode()).hexdigest()[:n]
 
 
 #: jobs that left a node kept to tell a fault found late to the job it struck
@@ -641,7 +637,7 @@ def _suspect(failure: dict[str, Any]) -> str | None:
 def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySettings,
                                   failure: dict[str, Any] | None = None) -> Decision:
     """Judge a failure that no node evidence explained, from what its own output says
-    (:mod:`pipeline.triage`) and from the job's history:
+    (:mod:`pipeline.correlate.triage`) and from the job's history:
 
     * **hardware** (an Xid line, an uncorrectable ECC error, a GPU off the bus): requeue
       without the node it names, and tell that node's owner, which isolates it;

@@ -214,7 +214,7 @@ def demo_faults(cfg: SimConfig, rng: random.Random) -> list[Fault]:
     return plan
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: each fault kind's failure output: the corpus excerpts of this class (watchdog: the NCCL
 #: watchdog timeouts whose cause lies elsewhere)
 TEXT_POOL = {
@@ -250,7 +250,7 @@ class RealText:
         lines = lines or REPO / "tests/fixtures/kernel-log/lines.toml"
         self.xid_lines: dict[int, list[str]] = {}
         if lines.is_file():
-            from .nvrm import parse_xid
+            from detectors.nvrm import parse_xid
 
             for ln in tomllib.loads(lines.read_text(encoding="utf-8"))["line"]:
                 x = parse_xid(ln["text"]) if "xid" in ln else None

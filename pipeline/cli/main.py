@@ -35,10 +35,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, Settings, load_settings, state_dir
-from .procs import WorkerProcess, free_port, wait_ready
+from pipeline.config import ConfigError, Settings, load_settings, state_dir
+from pipeline.worker.procs import WorkerProcess, free_port, wait_ready
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KAFKA_SH = ROOT / "deploy" / "kafka.sh"
 
 
@@ -64,8 +64,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _logging(s.worker.log_level)
     from faust.worker import Worker
 
-    from .app import create_app
-    from .topics import ensure_topics
+    from pipeline.worker.app import create_app
+    from pipeline.worker.topics import ensure_topics
 
     created = asyncio.run(ensure_topics(s))
     if created:
@@ -80,7 +80,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _sim_config(args: argparse.Namespace):
-    from .simulator import SimConfig
+    from pipeline.sim.cluster import SimConfig
 
     return SimConfig(nodes=args.nodes, speed=args.speed, duration=args.duration, seed=args.seed, faults=args.faults)
 
@@ -88,8 +88,8 @@ def _sim_config(args: argparse.Namespace):
 def cmd_simulate(args: argparse.Namespace) -> int:
     s = _settings(args)
     _logging("warning" if args.quiet else "info")
-    from .simrun import SimRunner
-    from .topics import ensure_topics
+    from pipeline.sim.run import SimRunner
+    from pipeline.worker.topics import ensure_topics
 
     asyncio.run(ensure_topics(s))
     runner = SimRunner(s, _sim_config(args), api_port=args.api_port, show_anomalies=not args.no_anomalies)
@@ -153,7 +153,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     s = load_settings(args.config, environ=wenv)
     state.mkdir(parents=True, exist_ok=True)
     worker_log = state / "worker.log"
-    from .topics import ensure_topics
+    from pipeline.worker.topics import ensure_topics
 
     asyncio.run(ensure_topics(s))
     print(f"fleetmedic demo: Kafka at {bootstrap}; worker log in {worker_log}", file=sys.stderr)
@@ -166,7 +166,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
           file=sys.stderr)
     worker = WorkerProcess(wenv, worker_log, argv=["--config", args.config] if args.config else [])
     try:
-        from .simrun import SimRunner
+        from pipeline.sim.run import SimRunner
 
         runner = SimRunner(s, _sim_config(args), api_port=api_port, out=sys.stdout, show_anomalies=not args.no_anomalies)
 
@@ -202,7 +202,7 @@ async def _publish_job_events(s: Settings, name: str, run: Callable[..., Awaitab
     until SIGTERM or SIGINT."""
     from aiokafka import AIOKafkaProducer
 
-    from .topics import ensure_topics
+    from pipeline.worker.topics import ensure_topics
 
     await ensure_topics(s)
     producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap, acks="all")
@@ -228,7 +228,7 @@ def cmd_watch_slurm(args: argparse.Namespace) -> int:
     _logging(s.worker.log_level)
     from actuators.slurm import SlurmBackend
 
-    from .slurm_watch import SlurmJobWatcher
+    from pipeline.watch.slurm import SlurmJobWatcher
 
     watcher = SlurmJobWatcher(SlurmBackend(slurm_conf=args.slurm_conf or s.actuators.slurm_conf))
     asyncio.run(_publish_job_events(s, "slurm", functools.partial(watcher.run, interval=args.interval)))
@@ -241,7 +241,7 @@ def cmd_watch_k8s(args: argparse.Namespace) -> int:
     _logging(s.worker.log_level)
     from actuators.kubernetes import KubernetesBackend
 
-    from .k8s_watch import KubernetesJobWatcher
+    from pipeline.watch.k8s import KubernetesJobWatcher
 
     a = s.actuators
     backend = KubernetesBackend.from_config(args.kubeconfig or a.kubeconfig, context=a.kube_context,
@@ -263,11 +263,11 @@ def cmd_collect(args: argparse.Namespace) -> int:
         over["dcgm_urls"] = args.dcgm
     s = _settings(args, collect=over)
     _logging(s.worker.log_level if not args.once else "warning")
-    from .collect.agent import Agent
+    from pipeline.collect.agent import Agent
 
     nvml = None
     if args.fake_nvml:
-        from .collect.fake_nvml import FakeNVML
+        from pipeline.collect.fake_nvml import FakeNVML
 
         nvml = FakeNVML(args.fake_nvml)
         print(f"fleetmedic collect: using a FAKE NVML with {args.fake_nvml} simulated GPUs (no GPU is read)",
@@ -287,7 +287,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
                       "no dcgm-exporter URL)", file=sys.stderr)
                 return 1
             return 0
-        from .collect.agent import publish
+        from pipeline.collect.agent import publish
 
         async def main() -> None:
             logging.getLogger("fleetmedic.collect").info("collecting on %s every %.1fs -> %s", agent.node,
@@ -301,9 +301,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_network(args: argparse.Namespace) -> int:
-    """The network track on a seeded fabric scenario suite (see pipeline/eval_network.py)."""
+    """The network track on a seeded fabric scenario suite (see pipeline/eval/network.py)."""
     _logging("warning")
-    from .eval_network import run
+    from pipeline.eval.network import run
 
     r = run(nodes=args.nodes, leaves=args.leaves, epochs=args.epochs, seed=args.seed, model=args.model,
             out=Path(args.out), compare_models=not args.no_compare,
@@ -319,7 +319,7 @@ def cmd_eval_network(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     """Detection quality (Kafka + Faust) and the closed loop against three baselines (pipeline/eval/)."""
     _logging("warning")
-    from .eval import report
+    from pipeline.eval import report
 
     def say(*a: Any) -> None:
         print(*a, file=sys.stderr, flush=True)
@@ -327,7 +327,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = Path(args.out)
     quality = closed = None
     if args.rescore:
-        from .eval.quality import rescore
+        from pipeline.eval.quality import rescore
 
         say(f"== eval 1/2: detection quality, the run recorded in {args.rescore} scored again")
         try:
@@ -336,14 +336,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
             say(f"error: {exc}")
             return 2
     elif not args.skip_quality:
-        from .eval.quality import run as run_quality
+        from pipeline.eval.quality import run as run_quality
 
         say("== eval 1/2: detection quality through the real pipeline")
         records = state_dir("eval") / ("quality_records_quick.json" if args.quick else "quality_records.json")
         quality = run_quality(nodes=args.nodes, hours=args.hours, speed=args.speed, seed=args.seed, quick=args.quick,
                               inprocess=args.inprocess, bootstrap=args.bootstrap, records=records, say=say)
     if not args.skip_closed_loop:
-        from .eval.closedloop import run as run_closed
+        from pipeline.eval.closedloop import run as run_closed
 
         say("== eval 2/2: closed loop, four policies on the same fault sequence")
         closed = run_closed(quick=args.quick, seed=args.seed, say=say)
@@ -369,7 +369,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_eval_nab(args: argparse.Namespace) -> int:
     """NAB: prove the scorer on the published Numenta outputs, then score the univariate detector."""
     _logging("warning")
-    from .eval import nab, report
+    from pipeline.eval import nab, report
 
     argv = ["--out", args.out] + (["--quick"] if args.quick else []) + (["--data", args.data] if args.data else [])
     rc = nab.main(argv)
@@ -382,7 +382,7 @@ def cmd_eval_nab(args: argparse.Namespace) -> int:
 def cmd_eval_failures(args: argparse.Namespace) -> int:
     """The failure corpus's real excerpts through the job and node tracks, scored."""
     _logging("warning")
-    from .eval import failures
+    from pipeline.eval import failures
 
     argv = ["--split", args.split] + (["--out", args.out] if args.out else []) + (["--check"] if args.check else [])
     return failures.main(argv + (["--show"] if args.show else []))
@@ -391,7 +391,7 @@ def cmd_eval_failures(args: argparse.Namespace) -> int:
 def cmd_chaos(args: argparse.Namespace) -> int:
     """Kills, a broker restart, a backend outage and hostile input during a seeded scenario."""
     _logging("warning")
-    from .chaos import run
+    from pipeline.eval.chaos import run
 
     r = run(nodes=args.nodes, duration=args.duration, speed=args.speed, kills=args.kills, outage_s=args.outage,
             hostile=args.hostile, seed=args.seed, broker_restart=not args.no_broker_restart, out=Path(args.out),
@@ -404,7 +404,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Throughput, latency, scale-out and memory against a baseline consumer."""
     _logging("warning")
-    from .bench import run
+    from pipeline.eval.bench import run
 
     env = dict(os.environ)
     state = state_dir("bench")
@@ -433,7 +433,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_record(args: argparse.Namespace) -> int:
     s = _settings(args)
-    from .recording import record_from_kafka, write
+    from pipeline.sim.recording import record_from_kafka, write
 
     print(f"recording {', '.join(s.topic(t) for t in ('telemetry.gpu', 'telemetry.network', 'telemetry.job'))} "
           f"from {s.kafka.bootstrap} for at most {args.seconds:g} s", file=sys.stderr)
@@ -447,8 +447,8 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     s = _settings(args)
-    from .recording import RecordingError, read, replay_to_kafka
-    from .topics import ensure_topics
+    from pipeline.sim.recording import RecordingError, read, replay_to_kafka
+    from pipeline.worker.topics import ensure_topics
 
     try:
         recs = read(args.file)
@@ -475,7 +475,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_contract(args: argparse.Namespace) -> int:
-    from .contract import DOC, render
+    from pipeline.cli.contract import DOC, render
 
     text = render()
     if args.check:
@@ -493,7 +493,7 @@ def cmd_contract(args: argparse.Namespace) -> int:
 
 def cmd_topics(args: argparse.Namespace) -> int:
     s = _settings(args)
-    from .topics import ensure_topics, topic_specs
+    from pipeline.worker.topics import ensure_topics, topic_specs
 
     created = asyncio.run(ensure_topics(s))
     for spec in topic_specs(s).values():

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from .config import Settings
+from pipeline.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def changelog_specs(s: Settings) -> dict[str, TopicSpec]:
     }
 
 
-#: topics that keep the latest record of each key (operator decisions: pipeline.control)
+#: topics that keep the latest record of each key (operator decisions: pipeline.actuate.control)
 COMPACTED = frozenset({"control"})
 
 

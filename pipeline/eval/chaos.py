@@ -40,11 +40,11 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from .config import load_settings, state_dir
-from .procs import KAFKA_SH, WorkerProcess, free_port, kafka_script
-from .simrun import SimRunner
-from .simulator import SimConfig, score
-from .topics import ensure_topics
+from pipeline.config import load_settings, state_dir
+from pipeline.worker.procs import KAFKA_SH, WorkerProcess, free_port, kafka_script
+from pipeline.sim.run import SimRunner
+from pipeline.sim.cluster import SimConfig, score
+from pipeline.worker.topics import ensure_topics
 
 
 

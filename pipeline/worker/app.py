@@ -1,7 +1,7 @@
 """The Faust application: topics, tables and agents, declared and wired.
 
-Agents receive, call a pure function, send.  The decisions live in :mod:`pipeline.policy`,
-the maths in :mod:`detectors`, the acting in :mod:`actuators` via :mod:`pipeline.actuate`.
+Agents receive, call a pure function, send.  The decisions live in :mod:`pipeline.correlate.policy`,
+the maths in :mod:`detectors`, the acting in :mod:`actuators` via :mod:`pipeline.actuate.core`.
 
 =======================  ===============================  =====================================
 agent                    reads                            writes
@@ -52,12 +52,12 @@ from schemas import (
     decode,
 )
 
-from . import faust_fixes  # noqa: F401  (patches two record-loss races in Faust on import)
-from . import policy
-from .actuate import ActionRunner, Actuation, BackendRouter, Work
-from .config import Settings, state_dir
-from .control import HELD, ControlLog, ControlState, dry_run_record, held_record
-from .detect import (
+from pipeline.worker import faust_fixes  # noqa: F401  (patches two record-loss races in Faust on import)
+from pipeline.correlate import policy
+from pipeline.actuate.core import ActionRunner, Actuation, BackendRouter, Work
+from pipeline.config import Settings, state_dir
+from pipeline.actuate.control import HELD, ControlLog, ControlState, dry_run_record, held_record
+from pipeline.detect.glue import (
     GpuDetection,
     LaggedWatermark,
     NetworkDetection,
@@ -66,7 +66,7 @@ from .detect import (
     late_reason,
     readiness,
 )
-from .topics import topic_specs
+from pipeline.worker.topics import topic_specs
 
 log = logging.getLogger("fleetmedic")
 
@@ -114,7 +114,7 @@ def build_notifier(s: Settings):
 
 
 def build_auth(s: Settings) -> Any:
-    from .auth import NoAuth, OidcAuth
+    from pipeline.api.auth import NoAuth, OidcAuth
 
     a = s.auth
     if not a.enabled:
@@ -171,7 +171,7 @@ def data_dir(s: Settings) -> Path:
 
 def create_app(s: Settings, **faust_options: Any) -> faust.App:
     """Declare the fleetmedic Faust app for ``s``."""
-    from .gate import GateConfig, is_loopback, make_gate
+    from pipeline.api.gate import GateConfig, is_loopback, make_gate
 
     specs = topic_specs(s)
     auth = build_auth(s)
@@ -196,7 +196,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         web_bind=s.worker.web_bind,
         web_enabled=True,
         # Faust's own views show tables, partitions and the graph to anyone: off; every
-        # route passes the gate (pipeline.gate)
+        # route passes the gate (pipeline.api.gate)
         web_tables_enabled=False,
         web_router_enabled=False,
         web_graph_enabled=False,
@@ -243,7 +243,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                                   schema=json_schema)
     breaker_state = app.Table("breaker_state", default=None, partitions=s.kafka.decision_partitions,
                               schema=json_schema)
-    #: actions waiting for their next try (pipeline.actuate.Work), by idempotency key
+    #: actions waiting for their next try (pipeline.actuate.core.Work), by idempotency key
     action_pending = app.Table("action_pending", default=None, partitions=s.kafka.decision_partitions,
                                schema=json_schema)
 
@@ -777,7 +777,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     # ------------------------------------------------------------------ operator API
 
-    from . import api as api_mod
+    from pipeline.api import views as api_mod
 
     async def set_dry_run(enabled: bool, who: str, why: str) -> None:
         await control.put(dry_run_record(enabled, who, why))

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from .auth import AuthError, authorize
+from pipeline.api.auth import AuthError, authorize
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def check(cfg: GateConfig, method: str, path: str, route: str | None, headers: A
     if (method, route) in PUBLIC or (method == "HEAD" and ("GET", route) in PUBLIC):
         return None, None
     if route in cfg.api_routes:
-        return None, None  # the view checks its role (pipeline.api's `needs`)
+        return None, None  # the view checks its role (pipeline.api.views's `needs`)
     if route in WORKER_ROUTES:
         if route == "/metrics" and cfg.metrics_public:
             return None, None

@@ -1,6 +1,6 @@
 """The operator API: JSON over HTTP on the worker's web server (``docs/openapi.yaml``).
 
-Reading needs the ``viewer`` role, changing needs ``operator`` (see :mod:`pipeline.auth`).
+Reading needs the ``viewer`` role, changing needs ``operator`` (see :mod:`pipeline.api.auth`).
 Every change an operator makes is a verdict (id ``op-...``) on the ``verdicts`` topic,
 carried out by the actuation agent like any other, so each one is also an ``actions``
 record (who asked is in the verdict's evidence and the action's parameters); a change
@@ -35,8 +35,8 @@ import faust
 
 from schemas import ActionName, FaultClass, NodeNotice, PlannedAction, Verdict
 
-from .auth import AuthError, NoAuth, OidcAuth, authorize
-from .gate import SECURITY_HEADERS
+from pipeline.api.auth import AuthError, NoAuth, OidcAuth, authorize
+from pipeline.api.gate import SECURITY_HEADERS
 
 API = "/api/v1"
 DASHBOARD = Path(__file__).parent / "web" / "dashboard.html"
