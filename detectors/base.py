@@ -27,10 +27,11 @@ from __future__ import annotations
 import inspect
 import numbers
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Self, cast
 
 import numpy as np
+
+from schemas.records import FaultClass
 
 __all__ = [
     "SEVERITIES",
@@ -38,20 +39,6 @@ __all__ = [
     "FaultClass",
     "Finding",
 ]
-
-
-class FaultClass(StrEnum):
-    """Fault classes of the design ("Fault classes and actions"); values are the wire strings."""
-
-    TRANSIENT_SOFTWARE = "transient_software"
-    USER_ERROR = "user_error"
-    GPU_HARDWARE = "gpu_hardware"
-    GPU_MEMORY = "gpu_memory"
-    NVLINK = "nvlink"
-    NODE_NETWORK = "node_network"
-    FABRIC_SWITCH = "fabric_switch"
-    NODE_DEGRADING = "node_degrading"
-    UNKNOWN = "unknown"
 
 
 #: Finding severities, least to most severe.
@@ -100,7 +87,7 @@ class Finding:
         if not isinstance(self.evidence, dict):
             raise ValueError(f"evidence must be a dict, got {type(self.evidence).__name__}")
         # Plain built-in types, so the record serialises without numpy or enums.
-        object.__setattr__(self, "fault_class", str(self.fault_class))
+        object.__setattr__(self, "fault_class", FaultClass(self.fault_class).value)
         object.__setattr__(self, "score", float(self.score))
         object.__setattr__(self, "index", int(self.index))
         if self.gpu is not None:

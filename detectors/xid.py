@@ -98,7 +98,7 @@ def lookup(code: int) -> XidInfo:
         return info
     return XidInfo(
         xid=code, mnemonic="UNKNOWN", action="escalate", remedy="", degrade=False,
-        fault_class=FaultClass.UNKNOWN.value, severity="warning", nvidia_immediate_action="",
+        fault_class=FaultClass.unknown.value, severity="warning", nvidia_immediate_action="",
         nvidia_investigatory_action="", description="not in the Xid catalog",
         basis="a code the catalog does not list: a person decides",
     )

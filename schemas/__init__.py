@@ -3,6 +3,8 @@
 from .codec import DecodeError, decode, dead_letter, encode
 from .records import (
     HARDWARE_CLASSES,
+    INFRASTRUCTURE_CLASSES,
+    NODE_FAULT_CLASSES,
     JOB_ACTIONS,
     NODE_ACTIONS,
     ActionName,
@@ -30,7 +32,7 @@ from .records import (
 )
 
 __all__ = [
-    "HARDWARE_CLASSES", "JOB_ACTIONS", "NODE_ACTIONS", "ActionName", "ActionRecord", "ActionStep", "Anomaly",
+    "HARDWARE_CLASSES", "INFRASTRUCTURE_CLASSES", "NODE_FAULT_CLASSES", "JOB_ACTIONS", "NODE_ACTIONS", "ActionName", "ActionRecord", "ActionStep", "Anomaly",
     "ControlRecord", "DeadLetter", "DecodeError", "FaultClass", "GpuSample", "JobEvent", "JobEventKind", "JobNotice",
     "NetworkSample", "NodeNotice", "Outcome", "PlannedAction", "PortSample", "Record", "Severity",
     "SwitchNotice", "Verdict", "Window", "XidEvent", "decode", "dead_letter", "encode",

@@ -43,15 +43,15 @@ class FaultClass(str, Enum):
     unknown = "unknown"
 
 
-HARDWARE_CLASSES = frozenset(
-    {
-        FaultClass.gpu_hardware,
-        FaultClass.gpu_memory,
-        FaultClass.nvlink,
-        FaultClass.node_network,
-        FaultClass.node_degrading,
-    }
+#: The one place that says which classes are hardware.  A part of the node itself failed
+#: (a GPU, its memory, an NVLink, the node's NIC or cable): the node is at fault now.
+NODE_FAULT_CLASSES = frozenset(
+    {FaultClass.gpu_hardware, FaultClass.gpu_memory, FaultClass.nvlink, FaultClass.node_network}
 )
+#: The node is at fault, now or soon: its own parts failed, or they are wearing out.
+HARDWARE_CLASSES = NODE_FAULT_CLASSES | {FaultClass.node_degrading}
+#: Hardware anywhere a job ran: a node's own parts, or a fabric switch that nodes share.
+INFRASTRUCTURE_CLASSES = NODE_FAULT_CLASSES | {FaultClass.fabric_switch}
 
 
 class ActionName(str, Enum):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas import (
+    NODE_FAULT_CLASSES,
     ActionName,
     Anomaly,
     FaultClass,
@@ -32,18 +33,14 @@ from schemas import (
     SwitchNotice,
     Verdict,
 )
+from schemas.ids import stable_id
 
 from pipeline.config import NetworkSettings, PolicySettings
-from schemas.ids import stable_id
 from pipeline.correlate.triage import signature_basis, triage
 
 HEALTHY, SUSPECT, ISOLATED, DIAGNOSING, FAILED = "healthy", "suspect", "isolated", "diagnosing", "failed"
 OUT_OF_POOL = frozenset({ISOLATED, DIAGNOSING, FAILED})
 
-#: Fault classes whose critical findings take a node out at once.
-HARD_CLASSES = frozenset(
-    {FaultClass.gpu_hardware, FaultClass.gpu_memory, FaultClass.nvlink, FaultClass.node_network}
-)
 #: Fault classes whose warnings are degradation evidence that needs confirming.
 DEGRADE_CLASSES = frozenset(
     {FaultClass.node_degrading, FaultClass.nvlink, FaultClass.gpu_memory, FaultClass.node_network}
@@ -346,7 +343,7 @@ def node_on_anomaly(h: dict[str, Any], a: Anomaly, cfg: PolicySettings) -> Decis
             ts=a.ts, switch=switch, node=node, kind="port_anomaly", port=a.evidence.get("port"), anomaly=a.id,
             anomaly_kind=a.kind, evidence={k: v for k, v in a.evidence.items() if k in ("features", "score", "state")},
         )])
-    if a.severity is Severity.critical and a.fault_class in HARD_CLASSES:
+    if a.severity is Severity.critical and a.fault_class in NODE_FAULT_CLASSES:
         incident = stable_id("node", node, a.id)
         evidence = {"anomalies": [a.id], "kind": a.kind, "gpu": a.gpu, "detector": a.detector, **a.evidence}
         return _isolate_node(h, node, a.ts, a.fault_class, evidence, confidence=0.95, incident=incident, hard=True)

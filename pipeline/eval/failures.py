@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schemas import JobEvent, JobEventKind, Verdict
+from schemas import INFRASTRUCTURE_CLASSES, JobEvent, JobEventKind, Verdict
 
 from pipeline.config import Settings
 from pipeline.eval.replay import LocalPipeline
@@ -60,7 +60,7 @@ from pipeline.eval.replay import LocalPipeline
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "data" / "failures"
 DEFAULT_OUT = REPO / "bench" / "results" / "failures.json"
-HARDWARE = frozenset({"gpu_hardware", "gpu_memory", "nvlink", "node_network", "fabric_switch"})
+HARDWARE = INFRASTRUCTURE_CLASSES
 CLASSES = ("user_error", "transient_software", "gpu_hardware", "gpu_memory", "nvlink", "node_network",
            "fabric_switch", "unknown")
 NODES_PER_JOB = 4

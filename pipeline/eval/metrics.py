@@ -36,12 +36,14 @@ from typing import Any
 
 import numpy as np
 
+from schemas import HARDWARE_CLASSES, FaultClass
+
 from pipeline.sim.cluster import HARDWARE_KINDS, KIND_CLASS, SWITCH_KINDS, Cluster, Fault
 
-NODE_CLASSES = ("gpu_hardware", "gpu_memory", "nvlink", "node_network", "node_degrading")
+#: the classes that blame a node (schemas.HARDWARE_CLASSES), in the order of the report
+NODE_CLASSES = tuple(c.value for c in FaultClass if c in HARDWARE_CLASSES)
 JOB_CLASSES = ("transient_software", "user_error")
 CLASSES = (*JOB_CLASSES, *NODE_CLASSES, "fabric_switch")
-HARDWARE_CLASSES = frozenset({"gpu_hardware", "gpu_memory", "nvlink", "node_network", "node_degrading"})
 
 
 def _pct(xs: list[float], q: float) -> float | None:

@@ -16,7 +16,7 @@ def test_fault_classes_are_the_designs():
         "transient_software", "user_error", "gpu_hardware", "gpu_memory", "nvlink",
         "node_network", "fabric_switch", "node_degrading", "unknown",
     }
-    assert FaultClass.GPU_MEMORY == "gpu_memory"
+    assert FaultClass.gpu_memory == "gpu_memory"
 
 
 def test_severities_are_ordered_least_to_most_severe():
@@ -24,7 +24,7 @@ def test_severities_are_ordered_least_to_most_severe():
 
 
 def test_finding_normalises_to_plain_json_types():
-    f = Finding("ecc_dbe", FaultClass.GPU_MEMORY, "critical", np.float32(1.0), np.int64(3),
+    f = Finding("ecc_dbe", FaultClass.gpu_memory, "critical", np.float32(1.0), np.int64(3),
                 np.int64(2), {"dbe_delta": 1.0})
     assert type(f.fault_class) is str and type(f.score) is float
     assert type(f.index) is int and type(f.gpu) is int
