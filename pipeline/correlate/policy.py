@@ -36,10 +36,19 @@ from schemas import (
 from schemas.ids import stable_id
 
 from pipeline.config import NetworkSettings, PolicySettings
+from pipeline.correlate.state import (
+    OUT_OF_POOL,
+    JobHistory,
+    NodeHealth,
+    NodeState,
+    SwitchState,
+    enter,
+    new_job,
+    new_node,
+    new_switch,
+)
 from pipeline.correlate.triage import signature_basis, triage
 
-HEALTHY, SUSPECT, ISOLATED, DIAGNOSING, FAILED = "healthy", "suspect", "isolated", "diagnosing", "failed"
-OUT_OF_POOL = frozenset({ISOLATED, DIAGNOSING, FAILED})
 
 #: Fault classes whose warnings are degradation evidence that needs confirming.
 DEGRADE_CLASSES = frozenset(
@@ -56,40 +65,6 @@ FABRIC_DETECTORS = frozenset({"link_rules", "fabric_rate", "fabric_model"})
 
 #: jobs that left a node kept to tell a fault found late to the job it struck
 LEFT_KEPT = 8
-
-
-def new_node_health() -> dict[str, Any]:
-    return {
-        "state": HEALTHY,
-        "since": 0.0,
-        #: the jobs running on the node: job -> event time it was placed
-        "jobs": {},
-        #: jobs that left it, newest last: [job, placed, released]
-        "left": [],
-        "anomalies": [],
-        "failed_jobs": [],
-        "returns": [],
-        "incident": None,
-        "fault_class": None,
-    }
-
-
-def new_job_history(job: str) -> dict[str, Any]:
-    return {
-        "job": job,
-        "status": "unknown",
-        "attempt": 0,
-        "nodes": [],
-        "scheduler": "sim",
-        "checkpoint": None,
-        "failures": [],
-        "node_faults": {},
-        "pending": None,
-        #: failures waiting for node evidence, oldest first: {attempt, ts, deadline_ts, deadline_wall}
-        "waiting": [],
-        "retries": {"transient": 0, "user": 0, "unknown": 0},
-        "decided": [],
-    }
 
 
 @dataclass
@@ -141,7 +116,7 @@ def _anomaly_brief(a: Anomaly) -> list[Any]:
     return [a.ts, a.kind, a.fault_class.value, a.severity.value, a.id, a.gpu, round(float(a.score), 4)]
 
 
-def _kept_failures(h: dict[str, Any]) -> list[tuple[float, str, tuple[float, bool, int]]]:
+def _kept_failures(h: NodeHealth) -> list[tuple[float, str, tuple[float, bool, int]]]:
     """A node's kept job failures as (ts, job, (blame share, began here, attempt)); entries
     kept before a field existed read as the whole blame, not begun here."""
     out = []
@@ -151,18 +126,7 @@ def _kept_failures(h: dict[str, Any]) -> list[tuple[float, str, tuple[float, boo
     return out
 
 
-def upgrade_node_health(h: dict[str, Any]) -> dict[str, Any]:
-    """A node's state kept in the older shape (one ``job`` with ``job_since``, one ``left``
-    triple) in today's (``jobs`` and a list ``left``), in place."""
-    if "jobs" not in h:
-        job, since = h.pop("job", None), h.pop("job_since", None)
-        h["jobs"] = {job: since or 0.0} if job else {}
-        left = h.get("left")
-        h["left"] = [left] if left and not isinstance(left[0], list) else list(left or [])
-    return h
-
-
-def _jobs_at(h: dict[str, Any], ts: float) -> list[str]:
+def _jobs_at(h: NodeHealth, ts: float) -> list[str]:
     """The jobs that ran on the node at event time ``ts``: those placed by then and still
     there, and those released since whose stay covers ``ts``; when none, the jobs there now
     (a fault found before their placement reached this track).  Placements and findings
@@ -174,14 +138,14 @@ def _jobs_at(h: dict[str, Any], ts: float) -> list[str]:
     return sorted(found) if found else sorted(jobs)
 
 
-def _job_at(h: dict[str, Any], ts: float) -> str | None:
+def _job_at(h: NodeHealth, ts: float) -> str | None:
     """One job that ran on the node at ``ts`` (the first by name), for a verdict's ``job``."""
     jobs = _jobs_at(h, ts)
     return jobs[0] if jobs else None
 
 
 def _isolate_node(
-    h: dict[str, Any], node: str, ts: float, fault_class: FaultClass, evidence: dict[str, Any], *,
+    h: NodeHealth, node: str, ts: float, fault_class: FaultClass, evidence: dict[str, Any], *,
     confidence: float, incident: str, hard: bool, remedy: str | None = None, failed_job: str | None = None,
 ) -> Decision:
     """Take the node out, and tell every job that ran on it at ``ts`` (and ``failed_job``,
@@ -220,11 +184,11 @@ def _isolate_node(
                 anomalies=[str(x) for x in evidence.get("anomalies", [])], evidence=evidence,
             )
         )
-    h.update(state=ISOLATED, since=ts, incident=incident, fault_class=fault_class.value)
+    enter(h, NodeState.isolated, ts, incident=incident, fault_class=fault_class.value)
     return d
 
 
-def _degrading(h: dict[str, Any], node: str, a: Anomaly, cfg: PolicySettings) -> Decision:
+def _degrading(h: NodeHealth, node: str, a: Anomaly, cfg: PolicySettings) -> Decision:
     """A warning of a degradation class: isolate once enough of them gather in the window."""
     lo = a.ts - cfg.degrade_window_s
     degrade = {c.value for c in DEGRADE_CLASSES}
@@ -242,12 +206,12 @@ def _degrading(h: dict[str, Any], node: str, a: Anomaly, cfg: PolicySettings) ->
         }
         fc = FaultClass.node_degrading if a.fault_class is FaultClass.node_degrading else a.fault_class
         return _isolate_node(h, node, a.ts, fc, evidence, confidence=0.8, incident=incident, hard=False)
-    if h["state"] == HEALTHY:
-        h.update(state=SUSPECT, since=a.ts)
+    if h["state"] == NodeState.healthy:
+        enter(h, NodeState.suspect, a.ts)
     return Decision()
 
 
-def _escalate_node(h: dict[str, Any], node: str, a: Anomaly, key: str, reason: str, evidence: dict[str, Any],
+def _escalate_node(h: NodeHealth, node: str, a: Anomaly, key: str, reason: str, evidence: dict[str, Any],
                    cfg: PolicySettings) -> Decision:
     """An alert for a person about ``node``, once per ``key`` per Xid window; the node stays."""
     sent = {k: t for k, t in (h.get("escalated") or {}).items() if t >= a.ts - cfg.xid_window_s}
@@ -262,7 +226,7 @@ def _escalate_node(h: dict[str, Any], node: str, a: Anomaly, key: str, reason: s
     return Decision(verdicts=[v])
 
 
-def _node_on_xid(h: dict[str, Any], node: str, a: Anomaly, cfg: PolicySettings) -> Decision:
+def _node_on_xid(h: NodeHealth, node: str, a: Anomaly, cfg: PolicySettings) -> Decision:
     """An Xid or SXid finding, by the action NVIDIA's catalog gives it (``detectors.xid``),
     and by the node's Xid history over ``xid_window_s`` of event time:
 
@@ -325,9 +289,8 @@ def _node_on_xid(h: dict[str, Any], node: str, a: Anomaly, cfg: PolicySettings) 
     return d
 
 
-def node_on_anomaly(h: dict[str, Any], a: Anomaly, cfg: PolicySettings) -> Decision:
+def node_on_anomaly(h: NodeHealth, a: Anomaly, cfg: PolicySettings) -> Decision:
     """A finding about ``a.node`` (or the node itself): record it, maybe isolate."""
-    upgrade_node_health(h)
     node = a.node or a.subject
     h["anomalies"] = (h["anomalies"] + [_anomaly_brief(a)])[-MAX_KEPT:]
     if h["state"] in OUT_OF_POOL:
@@ -352,10 +315,9 @@ def node_on_anomaly(h: dict[str, Any], a: Anomaly, cfg: PolicySettings) -> Decis
     return Decision()
 
 
-def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
+def node_on_notice(h: NodeHealth, n: NodeNotice, cfg: PolicySettings,
                    net: NetworkSettings | None = None) -> Decision:
     """What the job track, the switch track or diagnostics say about this node."""
-    upgrade_node_health(h)
     node = n.node
     if n.kind == "network_fault":
         if h["state"] in OUT_OF_POOL:
@@ -449,25 +411,25 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
                              failed_job=n.job)
     if n.kind == "operator_return":
         # a person returned the node to service: its history starts again
-        h.update(state=HEALTHY, since=n.ts, incident=None, fault_class=None, anomalies=[], failed_jobs=[],
+        enter(h, NodeState.healthy, n.ts, incident=None, fault_class=None, anomalies=[], failed_jobs=[],
                  operator={"return": n.reason, "ts": n.ts})
         return Decision()
     if n.kind == "operator_hold":
         # a person holds the node out (or approved a held isolation): out of the pool until returned
-        h.update(state=ISOLATED, since=n.ts, incident=n.signature, fault_class=FaultClass.unknown.value,
+        enter(h, NodeState.isolated, n.ts, incident=n.signature, fault_class=FaultClass.unknown.value,
                  operator={"hold": n.reason, "ts": n.ts})
         return Decision()
     if n.kind == "diag_started":
-        if h["state"] == ISOLATED:
-            h.update(state=DIAGNOSING, since=n.ts)
+        if h["state"] == NodeState.isolated:
+            enter(h, NodeState.diagnosing, n.ts)
         return Decision()
     if n.kind in ("diag_passed", "diag_failed"):
-        if h["state"] not in (ISOLATED, DIAGNOSING):
+        if h["state"] not in (NodeState.isolated, NodeState.diagnosing):
             return Decision()
         incident = h.get("incident") or stable_id("node", node, n.job)
         fc = FaultClass(h.get("fault_class") or FaultClass.unknown.value)
         if n.kind == "diag_failed":
-            h.update(state=FAILED, since=n.ts)
+            enter(h, NodeState.failed, n.ts)
             v = _verdict(
                 ts=n.ts, incident=incident, scope="node", subject=node, fault_class=fc, confidence=0.99,
                 actions=[(ActionName.escalate, node, {"reason": "diagnostics failed", "diagnostics": n.job})],
@@ -477,7 +439,7 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
         lo = n.ts - cfg.lemon_window_s
         returns = [t for t in h["returns"] if t >= lo]
         if len(returns) + 1 >= cfg.lemon_returns:
-            h.update(state=FAILED, since=n.ts)
+            enter(h, NodeState.failed, n.ts)
             v = _verdict(
                 ts=n.ts, incident=incident, scope="node", subject=node, fault_class=fc, confidence=0.9,
                 actions=[(ActionName.escalate, node, {"reason": "lemon", "returns": len(returns) + 1})],
@@ -485,7 +447,7 @@ def node_on_notice(h: dict[str, Any], n: NodeNotice, cfg: PolicySettings,
                 nodes=[node],
             )
             return Decision(verdicts=[v])
-        h.update(state=HEALTHY, since=n.ts, incident=None, fault_class=None, anomalies=[], failed_jobs=[])
+        enter(h, NodeState.healthy, n.ts, incident=None, fault_class=None, anomalies=[], failed_jobs=[])
         h["returns"] = (returns + [n.ts])[-MAX_KEPT:]
         v = _verdict(
             ts=n.ts, incident=incident, scope="node", subject=node, fault_class=fc, confidence=0.9,
@@ -529,7 +491,7 @@ def _triage_of(failure: dict[str, Any]) -> dict[str, Any]:
 
 
 def _job_verdict(
-    hist: dict[str, Any], ts: float, incident: str, fc: FaultClass, action: ActionName, confidence: float,
+    hist: JobHistory, ts: float, incident: str, fc: FaultClass, action: ActionName, confidence: float,
     evidence: dict[str, Any], params: dict[str, Any] | None = None, failure: dict[str, Any] | None = None,
 ) -> Verdict:
     """A verdict on the job; on ``failure``'s attempt and nodes when given (a failure judged
@@ -543,39 +505,27 @@ def _job_verdict(
     )
 
 
-def _waiting(hist: dict[str, Any]) -> list[dict[str, Any]]:
-    """The job's failures waiting for node evidence, oldest first (a failure kept in
-    ``pending`` by earlier versions joins them)."""
-    w: list[dict[str, Any]] = hist.setdefault("waiting", [])
-    p = hist.get("pending")
-    if p and p.get("kind") == "failure":
-        w.append({"attempt": p["attempt"], "ts": p["ts"], "deadline_ts": p.get("deadline_ts", p["ts"]),
-                  "deadline_wall": p.get("deadline_wall", 0.0)})
-        hist["pending"] = None
-    return w
+def _waiting(hist: JobHistory) -> list[dict[str, Any]]:
+    """The job's failures waiting for node evidence, oldest first."""
+    return hist["waiting"]
 
 
-def waiting_failures(hist: dict[str, Any]) -> list[dict[str, Any]]:
+def waiting_failures(hist: JobHistory) -> list[dict[str, Any]]:
     """The job's failures waiting for node evidence (read-only view), oldest first."""
-    w = list(hist.get("waiting") or [])
-    p = hist.get("pending")
-    if p and p.get("kind") == "failure":
-        w.append({"attempt": p["attempt"], "ts": p["ts"], "deadline_ts": p.get("deadline_ts", p["ts"]),
-                  "deadline_wall": p.get("deadline_wall", 0.0)})
-    return w
+    return list(hist["waiting"])
 
 
-def _failure_of(hist: dict[str, Any], attempt: int) -> dict[str, Any] | None:
+def _failure_of(hist: JobHistory, attempt: int) -> dict[str, Any] | None:
     return next((f for f in reversed(hist["failures"]) if f["attempt"] == attempt), None)
 
 
-def _settle(hist: dict[str, Any], attempt: int) -> None:
+def _settle(hist: JobHistory, attempt: int) -> None:
     """The failure of ``attempt`` is judged: it waits no more, and its duplicates are ignored."""
     hist["waiting"] = [w for w in _waiting(hist) if w["attempt"] != attempt]
     hist["decided"] = (hist["decided"] + [attempt])[-MAX_KEPT:]
 
 
-def _next_tick(d: Decision, hist: dict[str, Any]) -> Decision:
+def _next_tick(d: Decision, hist: JobHistory) -> Decision:
     """``d`` asking for a tick when the oldest waiting failure is due (if one waits)."""
     w = _waiting(hist)
     if w:
@@ -583,7 +533,7 @@ def _next_tick(d: Decision, hist: dict[str, Any]) -> Decision:
     return d
 
 
-def _recent_node_faults(hist: dict[str, Any], nodes: list[str], ts: float, horizon: float,
+def _recent_node_faults(hist: JobHistory, nodes: list[str], ts: float, horizon: float,
                         until: float = float("inf")) -> dict[str, dict[str, Any]]:
     """Faults and degradations reported on ``nodes`` within ``horizon`` seconds before ``ts``
     and no later than ``until`` (event time: evidence after a failure's grace is not its)."""
@@ -593,7 +543,7 @@ def _recent_node_faults(hist: dict[str, Any], nodes: list[str], ts: float, horiz
     }
 
 
-def _decide_hardware(hist: dict[str, Any], ts: float, faults: dict[str, dict[str, Any]],
+def _decide_hardware(hist: JobHistory, ts: float, faults: dict[str, dict[str, Any]],
                      failure: dict[str, Any] | None) -> Decision:
     """Requeue the job without the nodes at fault; when only a shared switch failed under
     it (fabric notices alone), requeue it as a fabric fault with no node excluded."""
@@ -631,7 +581,7 @@ def _suspect(failure: dict[str, Any]) -> str | None:
     return failure["nodes"][0] if len(failure["nodes"]) == 1 else None
 
 
-def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySettings,
+def _decide_without_node_evidence(hist: JobHistory, ts: float, cfg: PolicySettings,
                                   failure: dict[str, Any] | None = None) -> Decision:
     """Judge a failure that no node evidence explained, from what its own output says
     (:mod:`pipeline.correlate.triage`) and from the job's history:
@@ -738,7 +688,7 @@ def _decide_without_node_evidence(hist: dict[str, Any], ts: float, cfg: PolicySe
     return d
 
 
-def job_on_event(hist: dict[str, Any], e: JobEvent, cfg: PolicySettings, wall_now: float) -> Decision:
+def job_on_event(hist: JobHistory, e: JobEvent, cfg: PolicySettings, wall_now: float) -> Decision:
     """A job lifecycle event from a scheduler watcher or the simulator."""
     d = Decision()
     if e.diagnostics_for:
@@ -759,7 +709,7 @@ def job_on_event(hist: dict[str, Any], e: JobEvent, cfg: PolicySettings, wall_no
     hist["scheduler"] = e.scheduler
     if e.event is JobEventKind.started:
         old = set(hist["nodes"])
-        hist.update(status="running", attempt=e.attempt, nodes=list(e.nodes))
+        hist["status"], hist["attempt"], hist["nodes"] = "running", e.attempt, list(e.nodes)
         if hist["pending"] and hist["pending"].get("attempt", 0) < e.attempt:
             hist["pending"] = None
         for n in e.nodes:
@@ -812,7 +762,7 @@ def job_on_event(hist: dict[str, Any], e: JobEvent, cfg: PolicySettings, wall_no
     return _next_tick(d, hist)
 
 
-def _move_off_faulty_nodes(hist: dict[str, Any], w: dict[str, Any], cfg: PolicySettings) -> Decision:
+def _move_off_faulty_nodes(hist: JobHistory, w: dict[str, Any], cfg: PolicySettings) -> Decision:
     """A running job whose node took a hard fault, once the grace for faults on its other
     nodes has passed: requeued without every node at fault, from its last checkpoint,
     before it fails (the node is being drained under it).  Stamped with the grace's end."""
@@ -834,7 +784,7 @@ def _move_off_faulty_nodes(hist: dict[str, Any], w: dict[str, Any], cfg: PolicyS
     return Decision(verdicts=[v])
 
 
-def _migrate(hist: dict[str, Any], ts: float, pend: dict[str, Any], *, reason: str) -> Decision:
+def _migrate(hist: JobHistory, ts: float, pend: dict[str, Any], *, reason: str) -> Decision:
     v = _job_verdict(
         hist, ts, pend["incident"], FaultClass(pend["fault_class"]), ActionName.requeue, 0.8,
         {"node": pend["node"], "reason": reason, "checkpoint": hist["checkpoint"]},
@@ -844,7 +794,7 @@ def _migrate(hist: dict[str, Any], ts: float, pend: dict[str, Any], *, reason: s
     return Decision(verdicts=[v])
 
 
-def job_on_notice(hist: dict[str, Any], n: JobNotice, cfg: PolicySettings, wall_now: float) -> Decision:
+def job_on_notice(hist: JobHistory, n: JobNotice, cfg: PolicySettings, wall_now: float) -> Decision:
     """A node's owner reports a fault or degradation on a node of this job, or a tick."""
     if n.kind == "tick":
         return job_on_tick(hist, cfg, wall_now, n.ts)
@@ -884,7 +834,7 @@ def job_on_notice(hist: dict[str, Any], n: JobNotice, cfg: PolicySettings, wall_
     return Decision()
 
 
-def job_on_tick(hist: dict[str, Any], cfg: PolicySettings, wall_now: float, ts: float) -> Decision:
+def job_on_tick(hist: JobHistory, cfg: PolicySettings, wall_now: float, ts: float) -> Decision:
     """Time passed for the job: ``ts`` is the telemetry watermark (event time every
     telemetry partition has reached), ``wall_now`` the wall clock.  A failure waiting for
     node evidence is judged when the watermark has passed the end of its grace, or when
@@ -915,11 +865,7 @@ def job_on_tick(hist: dict[str, Any], cfg: PolicySettings, wall_now: float, ts: 
 # ---------------------------------------------------------------------------- switch track
 
 
-def new_switch_state(switch: str) -> dict[str, Any]:
-    return {"switch": switch, "nodes": {}, "pending": {}, "incident": None, "since": 0.0, "last": 0.0}
-
-
-def switch_on_notice(st: dict[str, Any], n: SwitchNotice, net: NetworkSettings) -> Decision:
+def switch_on_notice(st: SwitchState, n: SwitchNotice, net: NetworkSettings) -> Decision:
     """Port anomalies under one switch: the switch's fault or one node's?
 
     Several nodes (``switch_min_nodes``) with port anomalies within ``window_s`` blame the
@@ -971,26 +917,26 @@ def switch_on_notice(st: dict[str, Any], n: SwitchNotice, net: NetworkSettings) 
     return d
 
 
-def switch_due(st: dict[str, Any]) -> float | None:
+def switch_due(st: SwitchState) -> float | None:
     """Event time at which the switch track wants a ``tick`` (the earliest hold to end)."""
     pending = st.get("pending") or {}
     return min(pending.values()) if pending else None
 
 
-def _fabric_notice(st: dict[str, Any], node: str, ts: float) -> NodeNotice:
+def _fabric_notice(st: SwitchState, node: str, ts: float) -> NodeNotice:
     return NodeNotice(ts=ts, node=node, kind="fabric_switch", job="-", reason=st["switch"], signature=st["incident"])
 
 
-def _blame_switch(st: dict[str, Any], ts: float, net: NetworkSettings) -> Decision:
+def _blame_switch(st: SwitchState, ts: float, net: NetworkSettings) -> Decision:
     nodes = st["nodes"]
-    st["incident"] = stable_id("switch", st["switch"], min(e["first"] for e in nodes.values()))
+    incident = st["incident"] = stable_id("switch", st["switch"], min(e["first"] for e in nodes.values()))
     st["since"] = ts
     st["pending"] = {}
     affected = sorted(nodes)
     for e in nodes.values():
         e["told"] = True
     v = _verdict(
-        ts=ts, incident=st["incident"], scope="switch", subject=st["switch"], fault_class=FaultClass.fabric_switch,
+        ts=ts, incident=incident, scope="switch", subject=st["switch"], fault_class=FaultClass.fabric_switch,
         confidence=min(0.99, 0.6 + 0.1 * len(affected)),
         actions=[(ActionName.escalate, st["switch"], {"reason": "degrading switch", "nodes": affected,
                                                       "alert_only": True})],

@@ -578,14 +578,14 @@ def read_failure(exit_code: int | None, reason: str | None, log_tail: str | None
         if x is not None:
             r.xids.append(x.code)
             errors.append(s)
-        w = _NCCL_WARN.match(s) or _NCCL_WARN_ANY.match(s)
-        if w:
-            r.nccl_warns.append((w.group("host"), w.group("msg")))
-            cf = _NCCL_CUDA_FAILURE.search(w.group("msg"))
+        warn = _NCCL_WARN.match(s) or _NCCL_WARN_ANY.match(s)
+        if warn:
+            r.nccl_warns.append((warn.group("host"), warn.group("msg")))
+            cf = _NCCL_CUDA_FAILURE.search(warn.group("msg"))
             if cf:
                 r.cuda_errors.extend(_cuda_errors("CUDA error: " + cf.group(1)))
-            elif _NCCL_NET_WARN.search(w.group("msg")):
-                r.network.append("NCCL WARN " + w.group("msg")[:120])
+            elif _NCCL_NET_WARN.search(warn.group("msg")):
+                r.network.append("NCCL WARN " + warn.group("msg")[:120])
             errors.append(s)
         e = _EXC.match(s)
         if e:
@@ -879,8 +879,8 @@ def _named_node(r: Reading, nodes: list[str]) -> str | None:
         hit = match(host)
         if hit:
             return hit
-    for host, _ in reversed(r.nccl_warns):
-        hit = match(host)
+    for warn_host, _ in reversed(r.nccl_warns):
+        hit = match(warn_host)
         if hit:
             return hit
     return None

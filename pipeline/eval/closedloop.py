@@ -18,8 +18,8 @@ is then run with each of four policies acting:
   node was isolated (for degrading faults: before the failure, and the lead time), the
   job's action (retry / requeue / stop) and its delay, and any other node isolated.
   The fleet-level simulation applies those outcomes.  Across incidents it keeps one real
-  node-health state per node and passes it through the real policy functions
-  (:func:`pipeline.correlate.policy.node_on_notice`): ``job_failed`` notices of unattributed failures
+  node-health state per node in the correlator (:class:`pipeline.correlate.core.Correlator`,
+  the object the worker and the replay drive) and passes it: ``job_failed`` notices of unattributed failures
   (the repeat-failure rules: a node in many small failed jobs, or the node failures keep
   beginning on, which the scheduler reports for every cause but silent data corruption,
   ``field.toml`` ``[hidden]``) and ``diag_passed`` / ``diag_failed`` notices (the lemon rule).
@@ -87,7 +87,8 @@ import numpy as np
 
 from schemas import NodeNotice
 
-from pipeline.correlate import policy
+from pipeline.correlate.core import Correlator
+from pipeline.correlate.state import OUT_OF_POOL, NodeState, enter, new_node
 from pipeline.config import Settings, load_settings
 from pipeline.sim.cluster import DEGRADING_KINDS, HARDWARE_KINDS, KIND_CLASS, Cluster, Fault, SimConfig
 from pipeline.eval import field as fieldmod
@@ -271,7 +272,7 @@ class Slot:
 
 
 @dataclass
-class NodeState:
+class FleetNode:
     id: int
     slot: int | None = None
     out: bool = False
@@ -279,7 +280,6 @@ class NodeState:
     lemon: bool = False
     epoch: int = 0
     returns: list[float] = field(default_factory=list)
-    health: dict[str, Any] = field(default_factory=policy.new_node_health)
     incident: int | None = None
 
 
@@ -293,6 +293,8 @@ class Fleet:
         self.f = fld
         self.T = days * DAY
         self.ps = settings.policy
+        #: the node track's state of every node, driven through the correlator
+        self.core = Correlator(settings.policy, settings.network)
         self.extra_micro = extra_micro
         self.C = fld.checkpoint_minutes * 60.0
         self.R = fld.restart_minutes * 60.0
@@ -302,7 +304,7 @@ class Fleet:
         self.hidden_rng = np.random.default_rng([seed, 13])
         self.origin_rng = np.random.default_rng([seed, 17])
         self.gpus = fld.gpus_per_node
-        self.nodes = [NodeState(i, lemon=i in lemons) for i in range(nodes)]
+        self.nodes = [FleetNode(i, lemon=i in lemons) for i in range(nodes)]
         self.slots: list[Slot] = []
         allocated = int(fld.utilization * nodes)
         sizes = [min(s, max(1, allocated // 4)) for s in fld.job_sizes]
@@ -344,6 +346,14 @@ class Fleet:
                 self._schedule_lemon(n)
 
     # ------------------------------------------------------------------ event plumbing
+
+    def isolated(self, node: int, t: float, incident: str, fault_class: str | None) -> None:
+        """The node track isolated ``node`` (as its micro-simulation showed): its state moves
+        to isolated through the lifecycle's transitions, unless it is out of the pool already."""
+        h = self.core.node(str(node)) or new_node()
+        if h["state"] not in OUT_OF_POOL:
+            enter(h, NodeState.isolated, t, incident=incident, fault_class=fault_class)
+            self.core.nodes[str(node)] = h
 
     def push(self, t: float, kind: str, args: tuple) -> None:
         self.seq += 1
@@ -422,7 +432,7 @@ class Fleet:
         for n in s.nodes:
             self._arm(self.nodes[n], s)
 
-    def _arm(self, n: NodeState, s: Slot) -> None:
+    def _arm(self, n: FleetNode, s: Slot) -> None:
         if n.out:
             return
         if n.broken in HARDWARE_KINDS:
@@ -433,7 +443,7 @@ class Fleet:
         if n.lemon and n.broken is None:
             self._schedule_lemon(n)
 
-    def _schedule_lemon(self, n: NodeState) -> None:
+    def _schedule_lemon(self, n: FleetNode) -> None:
         n.epoch += 1
         self.push(self.now + float(self.lemon_rng.exponential(self.f.lemon_recurrence_hours * HOUR)),
                   "lemon", (n.id, n.epoch))
@@ -493,7 +503,7 @@ class Fleet:
             if not self.spares:
                 break
 
-    def person_retires(self, n: NodeState, t: float) -> bool:
+    def person_retires(self, n: FleetNode, t: float) -> bool:
         """A person (or the lemon rule) retires a node returned too often: it is repaired for good."""
         lo = t - self.ps.lemon_window_s
         n.returns = [x for x in n.returns if x >= lo]
@@ -540,7 +550,7 @@ class Fleet:
         self.lead_s.append(o["fail_s"] - o["iso_s"])
         self.degrade_detect_s.append(o["iso_s"])
         self.by_cause[inc.cause]["isolated_before_failure"] += 1
-        n.health.update(state=policy.ISOLATED, since=self.now, incident=str(iid), fault_class=o.get("node_class"))
+        self.isolated(node, self.now, str(iid), o.get("node_class"))
         if s.running:
             to_ckpt = self.C - ((self.now - s.run_start) % self.C) if self.now >= s.run_start else s.run_start - self.now
             migrate_at = self.now + min(to_ckpt, self.ps.checkpoint_deadline_s)
@@ -611,11 +621,12 @@ class Fleet:
         if n.epoch != epoch:
             return
         if self.name == "fleetmedic":
-            if n.health["state"] not in (policy.ISOLATED, policy.DIAGNOSING):
-                n.health.update(state=policy.ISOLATED, since=self.now, incident=str(n.incident),
-                                fault_class="unknown")
-            d = policy.node_on_notice(n.health, NodeNotice(ts=T0 + self.now, node=str(node), job=f"diag-{node}",
-                                                           kind="diag_passed" if passed else "diag_failed"), self.ps)
+            h = self.core.node(str(node)) or new_node()
+            if h["state"] not in (NodeState.isolated, NodeState.diagnosing):
+                enter(h, NodeState.isolated, self.now, incident=str(n.incident), fault_class="unknown")
+                self.core.nodes[str(node)] = h
+            d = self.core.handle(NodeNotice(ts=T0 + self.now, node=str(node), job=f"diag-{node}",
+                                            kind="diag_passed" if passed else "diag_failed"), T0 + self.now)
             acts = [a.action.value for v in d.verdicts for a in v.actions]
             if passed and "return" in acts:
                 n.returns.append(self.now)
@@ -645,7 +656,7 @@ class Fleet:
         if repaired:
             n.broken = None
             n.returns = []
-            n.health = policy.new_node_health()
+            self.core.nodes[str(node)] = new_node()  # repaired: its history starts again
         elif self.name == "fleetmedic":
             pass  # health already returned to service by the real lemon rule
         self.give_back(node)
@@ -717,7 +728,7 @@ class Fleet:
                 self.missed.append(f"{inc.kind}@{inc.cause}")
         if node_found and persistent and not repeat:
             # the node is isolated and the job requeued without it
-            n.health.update(state=policy.ISOLATED, since=t, incident=str(inc.id), fault_class=o.get("node_class"))
+            self.isolated(node, t, str(inc.id), o.get("node_class"))
             self.take_out(node, t, by_person=False)
             self.by_cause[inc.cause]["isolated"] += 1
             self.push(t + decide, "resume", (s.id, s.epoch))
@@ -750,10 +761,9 @@ class Fleet:
         if unattributed and inc.kind == "hidden" and inc.cause not in self.f.hidden_origin_known:
             origin = s.nodes[int(self.origin_rng.integers(len(s.nodes)))]
         for m in list(s.nodes) if unattributed else []:
-            h = self.nodes[m].health
-            d = policy.node_on_notice(h, NodeNotice(ts=T0 + t, node=str(m), kind="job_failed", job=f"job-{s.id}",
-                                                    attempt=s.restarts + 1, job_nodes=len(s.nodes),
-                                                    origin=m == origin), self.ps)
+            d = self.core.handle(NodeNotice(ts=T0 + t, node=str(m), kind="job_failed", job=f"job-{s.id}",
+                                            attempt=s.restarts + 1, job_nodes=len(s.nodes), origin=m == origin),
+                                 T0 + t)
             if any(a.action.value == "isolate" for v in d.verdicts for a in v.actions):
                 self.counts["repeat_rule_isolations"] += 1
                 if self.nodes[m].broken is not None:

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from detectors.fabric import MODELS, PortModel, port_features
-from schemas import NetworkSample, PortSample
+from schemas import NetworkSample, NodeNotice, PortSample
 
 from pipeline.config import Settings, load_settings
 
@@ -173,10 +173,10 @@ def run(*, nodes: int = 256, leaves: int = 8, epochs: int = 100, healthy_epochs:
         if e != epoch_of:
             epoch_of = e
             # between epochs every node is back in service (diagnostics passed, cable replaced)
-            for h in pipe.node_to_health.values():
-                h.update(state="healthy", incident=None, fault_class=None, anomalies=[])
-            pipe.switch_to_state.clear()
-            pipe.switch_ticks.clear()
+            for node in list(pipe.core.nodes):
+                pipe.core.handle(NodeNotice(ts=t, node=node, kind="operator_return", reason="next epoch"), t)
+            pipe.core.switches.clear()
+            pipe.core.schedule.switches.clear()
         while fi < len(faults) and faults[fi].start <= t:
             active.append(faults[fi])
             fi += 1

@@ -1,8 +1,9 @@
 """The pipeline's decisions in one process, without Kafka.
 
-:class:`LocalPipeline` wires the very functions the Faust agents call (the detection
-glue of :mod:`pipeline.detect.glue` and the policy of :mod:`pipeline.correlate.policy`) with in-memory
-state and an in-memory queue for the notices between the node and job tracks.  It is
+:class:`LocalPipeline` is an adapter, as the Faust worker is one: it runs the detection
+glue of :mod:`pipeline.detect.glue` over the telemetry and drives the correlator
+(:class:`pipeline.correlate.core.Correlator`) with dicts for its state and an in-memory
+queue for the notices between the node, job and switch tracks.  It is
 for replaying a scenario quickly and deterministically: comparing backends, evaluating
 scenarios at scale, and checking that the in-process path gives the pipeline's verdicts.
 Its clock is the records' event time (the correlation grace runs on it, as in the worker).
@@ -16,7 +17,8 @@ from typing import Any
 
 from schemas import Anomaly, GpuSample, JobEvent, JobNotice, NetworkSample, NodeNotice, Record, SwitchNotice, Verdict
 
-from pipeline.correlate import policy
+from pipeline.correlate.core import Correlator
+from pipeline.correlate.policy import Decision
 from pipeline.config import Settings
 from pipeline.detect.glue import GpuDetection, NetworkDetection, PeerDetection
 
@@ -27,15 +29,19 @@ class LocalPipeline:
         self.gpu = GpuDetection(settings.detectors)
         self.net = NetworkDetection(settings.detectors, net=settings.network)
         self.peer = PeerDetection(settings.detectors)
-        self.node_to_health: dict[str, dict[str, Any]] = {}
-        self.job_to_history: dict[str, dict[str, Any]] = {}
-        self.switch_to_state: dict[str, dict[str, Any]] = {}
-        self.switch_ticks: dict[str, float] = {}
+        self.core = Correlator(settings.policy, settings.network)
         self.verdicts: list[Verdict] = []
         self.anomalies: list[Anomaly] = []
-        self.ticks: dict[str, float] = {}
         self.now = 0.0
         self._queue: deque[Record] = deque()
+
+    @property
+    def node_to_health(self) -> dict[str, Any]:
+        return self.core.nodes  # type: ignore[return-value]
+
+    @property
+    def job_to_history(self) -> dict[str, Any]:
+        return self.core.jobs  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ inputs
 
@@ -92,47 +98,22 @@ class LocalPipeline:
             self._queue.append(a)
 
     def _advance(self, ts: float) -> None:
+        """Event time moves on to ``ts``: the ticks it makes due join the queue (this
+        clock is the records' event time, for the job track's wall clock as well)."""
         if ts > self.now:
             self.now = ts
-        due = sorted((t, j) for j, t in self.ticks.items() if t <= self.now)
-        for t, job in due:
-            del self.ticks[job]
-            self._queue.append(JobNotice(ts=max(t, 0.0), job=job, node="-", kind="tick", fault_class="unknown", incident="-"))
-        for t, sw in sorted((t, w) for w, t in self.switch_ticks.items() if t <= self.now):
-            del self.switch_ticks[sw]
-            self._queue.append(SwitchNotice(ts=max(t, 0.0), switch=sw, node="-", kind="tick"))
+        self._queue.extend(self.core.due_job_ticks(self.now, self.now))
+        self._queue.extend(self.core.due_switch_ticks(self.now))
 
     def _drain(self) -> None:
         while self._queue:
             rec = self._queue.popleft()
-            if isinstance(rec, Anomaly):
-                node = rec.node or rec.subject
-                h = self.node_to_health.setdefault(node, policy.new_node_health())
-                self._apply(policy.node_on_anomaly(h, rec, self.s.policy))
-            elif isinstance(rec, NodeNotice):
-                h = self.node_to_health.setdefault(rec.node, policy.new_node_health())
-                self._apply(policy.node_on_notice(h, rec, self.s.policy, self.s.network))
-            elif isinstance(rec, SwitchNotice):
-                st = self.switch_to_state.setdefault(rec.switch, policy.new_switch_state(rec.switch))
-                self._apply(policy.switch_on_notice(st, rec, self.s.network))
-                due = policy.switch_due(st)
-                if due is not None:
-                    self.switch_ticks[rec.switch] = due
-                else:
-                    self.switch_ticks.pop(rec.switch, None)
-            elif isinstance(rec, (JobEvent, JobNotice)):
-                hist = self.job_to_history.setdefault(rec.job, policy.new_job_history(rec.job))
-                if isinstance(rec, JobEvent):
-                    if rec.event.value == "progress":
-                        self._anomalies(self.peer.process(rec))
-                    d = policy.job_on_event(hist, rec, self.s.policy, self.now)
-                else:
-                    d = policy.job_on_notice(hist, rec, self.s.policy, self.now)
-                if d.tick_ts is not None:  # this clock is the records' event time
-                    self.ticks[rec.job] = d.tick_ts
-                self._apply(d)
+            if isinstance(rec, JobEvent) and rec.event.value == "progress":
+                self._anomalies(self.peer.process(rec))
+            if isinstance(rec, (Anomaly, NodeNotice, SwitchNotice, JobEvent, JobNotice)):
+                self._apply(self.core.handle(rec, self.now))
 
-    def _apply(self, d: policy.Decision) -> None:
+    def _apply(self, d: Decision) -> None:
         self.verdicts.extend(d.verdicts)
         self._queue.extend(d.node_notices)
         self._queue.extend(d.job_notices)

@@ -53,7 +53,9 @@ from schemas import (
 )
 
 from pipeline.worker import faust_fixes  # noqa: F401  (patches two record-loss races in Faust on import)
-from pipeline.correlate import policy
+from pipeline.correlate.core import Correlator, state_key
+from pipeline.correlate.policy import Decision
+from pipeline.correlate.state import NodeState
 from pipeline.actuate.core import ActionRunner, Actuation, BackendRouter, Work
 from pipeline.config import Settings, state_dir
 from pipeline.actuate.control import HELD, ControlLog, ControlState, dry_run_record, held_record
@@ -256,16 +258,16 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
     stats: dict[str, Any] = {"records": 0, "telemetry": 0, "deadletters": 0, "duplicates": 0, "anomalies": 0, "verdicts": 0,
                              "actions": 0, "first_telemetry_at": 0.0, "last_telemetry_at": 0.0}
     app.fleetmedic_stats = stats  # type: ignore[attr-defined]
-    #: job -> (event time, wall time): the failure waiting for node evidence is judged when
-    #: the telemetry watermark reaches the first or the wall clock the second
-    pending_ticks: dict[str, tuple[float, float]] = {}
     #: event time that the GPU and network telemetry of every partition has reached
     telemetry_watermark = PartitionWatermark()
     job_marks = LaggedWatermark(s.policy.correlation_lag_s)
     switch_marks = LaggedWatermark(s.network.tick_lag_s)
-    switch_ticks: dict[str, float] = {}
-    state: dict[str, Any] = {"actuation": None, "runner": None, "woken": set(), "ticks_scanned": False,
-                             "switch_ticks_scanned": False, "telemetry_consumer": None}
+    state: dict[str, Any] = {"actuation": None, "runner": None, "woken": set(), "schedule_resumed": False,
+                             "telemetry_consumer": None}
+    # the correlator over the tables; the operator API hears of nodes and switches changing
+    core = Correlator(s.policy, s.network, nodes=node_to_health, jobs=job_to_history, switches=switch_to_state,
+                      on_node_state=lambda node, st, h: api_ctx.saw_node(node, st, h),
+                      on_switch=lambda sw, opened: api_ctx.saw_switch(sw, opened))
     # operator decisions (dry-run, held isolations) from the compacted control topic
     control_state = ControlState(default_dry_run=s.safety.dry_run)
 
@@ -333,7 +335,7 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                  ", ".join(f"{a.action.value} {a.target}" for a in v.actions))
         await t_verdicts.send(key=v.subject.encode(), value=v.to_json())
 
-    async def emit_decision(d: policy.Decision) -> None:
+    async def emit_decision(d: Decision) -> None:
         for v in d.verdicts:
             await emit_verdict(v)
         for n in d.node_notices:
@@ -452,8 +454,8 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
             for x in samples:
                 if x.node not in api_ctx.known:
                     api_ctx.known.add(x.node)
-                    h = node_to_health.get(x.node) or {}
-                    api_ctx.saw_node(x.node, h.get("state") or policy.HEALTHY, h)
+                    h = core.node(x.node)
+                    api_ctx.saw_node(x.node, h["state"] if h else NodeState.healthy.value, h or {})
 
     telemetry = {specs["telemetry.gpu"].name: (GpuSample, gpu_detection, "GPU", after_gpu),
                  specs["telemetry.network"].name: (NetworkSample, net_detection, "network", after_network)}
@@ -557,51 +559,32 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
 
     # ------------------------------------------------------------------ correlator
 
-    async def decide(event: Any, table: Any, key: str, new_state: Any, fn: Any) -> Any:
-        """Run one policy function on ``key``'s state (from ``table``, else ``new_state()``)
-        and store the state; a policy error dead-letters the record (None) and leaves
-        the stored state as it was."""
-        st = table.get(key) or new_state()
+    async def correlate(event: Any, rec: Any) -> None:
+        """One record through the correlator; a rule that fails dead-letters the record
+        and leaves the stored state as it was."""
         try:
-            d = fn(st)
+            d = core.handle(rec, time.time())
         except Exception as exc:
-            log.exception("policy failed for %s", key)
+            log.exception("policy failed for %s", state_key(rec))
             await send_dead(event, f"policy error: {exc!r}")
-            return None
-        table[key] = st
-        return d
+            return
+        await emit_decision(d)
 
     @app.agent(node_source, name="track_nodes")
     async def track_nodes(stream: faust.StreamT) -> None:
         anomalies_topic = specs["anomalies"].name
         async for event in stream.events():
-            model = Anomaly if event.message.topic == anomalies_topic else NodeNotice
-            rec = await decode_event(event, model)
-            if rec is None:
-                continue
-            key = (rec.node or rec.subject) if isinstance(rec, Anomaly) else rec.node
-            before = (node_to_health.get(key) or {}).get("state")
-            if isinstance(rec, Anomaly):
-                d = await decide(event, node_to_health, key, policy.new_node_health,
-                                 lambda h: policy.node_on_anomaly(h, rec, s.policy))
-            else:
-                d = await decide(event, node_to_health, key, policy.new_node_health,
-                                 lambda h: policy.node_on_notice(h, rec, s.policy, s.network))
-            after = node_to_health.get(key) or {}
-            if after.get("state") != before:
-                api_ctx.saw_node(key, after.get("state"), after)
-            if d is not None:
-                await emit_decision(d)
+            rec = await decode_event(event, Anomaly if event.message.topic == anomalies_topic else NodeNotice)
+            if rec is not None:
+                await correlate(event, rec)
 
     @app.agent(job_source, name="track_jobs")
     async def track_jobs(stream: faust.StreamT) -> None:
         job_topic = specs["telemetry.job"].name
         async for event in stream.events():
-            model = JobEvent if event.message.topic == job_topic else JobNotice
-            rec = await decode_event(event, model)
+            rec = await decode_event(event, JobEvent if event.message.topic == job_topic else JobNotice)
             if rec is None:
                 continue
-            now = time.time()
             if isinstance(rec, JobEvent) and rec.event.value == "progress":
                 try:
                     t0 = time.perf_counter()
@@ -613,61 +596,33 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
                     await send_dead(event, f"detector error: {exc!r}")
                     continue
                 await emit_anomalies(found)
-            if isinstance(rec, JobEvent):
-                d = await decide(event, job_to_history, rec.job, lambda: policy.new_job_history(rec.job),
-                                 lambda h: policy.job_on_event(h, rec, s.policy, now))
-            else:
-                d = await decide(event, job_to_history, rec.job, lambda: policy.new_job_history(rec.job),
-                                 lambda h: policy.job_on_notice(h, rec, s.policy, now))
-            if d is None:
-                continue
-            if d.tick_at is not None:
-                pending_ticks[rec.job] = (d.tick_ts if d.tick_ts is not None else float("inf"), d.tick_at)
-            elif not policy.waiting_failures(job_to_history[rec.job]):
-                pending_ticks.pop(rec.job, None)
-            await emit_decision(d)
+            await correlate(event, rec)
 
     @app.agent(t_switch_in, name="track_switches")
     async def track_switches(stream: faust.StreamT) -> None:
         async for event in stream.events():
             rec = await decode_event(event, SwitchNotice)
-            if rec is None:
-                continue
-            was = bool((switch_to_state.get(rec.switch) or {}).get("incident"))
-            d = await decide(event, switch_to_state, rec.switch, lambda: policy.new_switch_state(rec.switch),
-                             lambda st: policy.switch_on_notice(st, rec, s.network))
-            if d is None:
-                continue
-            if bool((switch_to_state.get(rec.switch) or {}).get("incident")) != was:
-                api_ctx.saw_switch(rec.switch, not was)
-            due = policy.switch_due(switch_to_state[rec.switch])
-            if due is not None:
-                switch_ticks[rec.switch] = due
-            else:
-                switch_ticks.pop(rec.switch, None)
-            await emit_decision(d)
+            if rec is not None:
+                await correlate(event, rec)
+
+    def resume_schedule() -> None:
+        # after a restart, pick up failures and holds that were waiting when the worker stopped
+        if not state["schedule_resumed"]:
+            state["schedule_resumed"] = True
+            core.resume()
 
     @app.timer(interval=1.0)
     async def send_switch_ticks() -> None:
         """Wake the switch track when a lone node's hold runs out, in the fabric's event time
         (the time the network samples of every partition have reached, as it was
         ``network.tick_lag_s`` ago), so a replayed backlog is judged as it happened."""
-        if not state["switch_ticks_scanned"]:
-            # after a restart, pick up lone nodes whose hold was running when the worker stopped
-            state["switch_ticks_scanned"] = True
-            for sw, st in list(switch_to_state.items()):
-                due = policy.switch_due(st or {})
-                if due is not None:
-                    switch_ticks[sw] = due
+        resume_schedule()
         # the watermark of a moment ago: the anomalies of events up to it have had time to
         # pass through the node track onto the switch notices before the tick follows them
-        now = switch_marks.observe(time.monotonic(), state.get("net_watermark", 0.0))
-        if not now:
-            return
-        for sw in [w for w, t in switch_ticks.items() if t <= now]:
-            switch_ticks.pop(sw, None)
-            tick = SwitchNotice(ts=now, switch=sw, node="-", kind="tick")
-            await t_switch_in.send(key=sw.encode(), value=tick.to_json())
+        mark = switch_marks.observe(time.monotonic(), state.get("net_watermark", 0.0))
+        if mark:
+            for tick in core.due_switch_ticks(mark):
+                await t_switch_in.send(key=tick.switch.encode(), value=tick.to_json())
 
     @app.timer(interval=0.25)
     async def send_ticks() -> None:
@@ -676,20 +631,10 @@ def create_app(s: Settings, **faust_options: Any) -> faust.App:
         so a replay at any speed is judged alike), or at the latest after
         ``policy.correlation_wait_max_s`` of wall time (telemetry stalled or absent).  The
         tick carries that watermark as its event time."""
-        if not state["ticks_scanned"]:
-            # after a restart, pick up failures that were waiting when the worker stopped
-            state["ticks_scanned"] = True
-            for job, hist in list(job_to_history.items()):
-                w = policy.waiting_failures(hist or {})
-                if w:
-                    pending_ticks[job] = (w[0]["deadline_ts"], min(x["deadline_wall"] for x in w))
+        resume_schedule()
         mark = job_marks.observe(time.monotonic(), telemetry_watermark.value)
-        now = time.time()
-        due = [j for j, (ts, wall) in pending_ticks.items() if wall <= now or (mark and ts <= mark)]
-        for job in due:
-            pending_ticks.pop(job, None)
-            tick = JobNotice(ts=mark, job=job, node="-", kind="tick", fault_class="unknown", incident="-")
-            await t_job_in.send(key=job.encode(), value=tick.to_json())
+        for tick in core.due_job_ticks(mark, time.time()):
+            await t_job_in.send(key=tick.job.encode(), value=tick.to_json())
 
     # ------------------------------------------------------------------ actuation
 

@@ -8,7 +8,10 @@ import pytest
 from detectors import UnivariateDetector
 from pipeline.config import DetectorSettings, PolicySettings
 from pipeline.detect.glue import BUSY_SETTLE_S, JOB_IDLE_S, GpuDetection, PeerDetection
-from pipeline.correlate.policy import HEALTHY, SUSPECT, new_node_health, node_on_anomaly
+from pipeline.correlate.policy import node_on_anomaly
+from pipeline.correlate.state import NodeState, new_node
+
+HEALTHY, SUSPECT = NodeState.healthy, NodeState.suspect
 from schemas import FaultClass, Severity
 
 from .builders import GPUS, T0, anomaly, gpu_sample, job_event, sbe_ramp
@@ -297,7 +300,7 @@ def test_univariate_anomalies_are_evidence_only_for_the_node_track() -> None:
     assert len(found) >= 10 and {a.kind for a in found} == {"temp_drift", "power_drift"}
     assert {a.severity for a in found} == {Severity.info}
     cfg = PolicySettings(degrade_confirmations=3, degrade_window_s=600.0)
-    h = new_node_health()
+    h = new_node()
     for a in found:
         d = node_on_anomaly(h, a, cfg)
         assert (d.verdicts, d.job_notices) == ([], [])

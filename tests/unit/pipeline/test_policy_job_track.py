@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.config import PolicySettings
 from pipeline.eval.failures import excerpt
-from pipeline.correlate.policy import job_on_event, job_on_notice, job_on_tick, new_job_history
+from pipeline.correlate.policy import job_on_event, job_on_notice, job_on_tick, new_job
 from schemas import ActionName, FaultClass, JobEventKind, JobNotice
 
 from .builders import T0, job_event, job_notice
@@ -31,7 +31,7 @@ def cfg() -> PolicySettings:
 
 
 def _running(cfg: PolicySettings, attempt: int = 1, hist: dict | None = None, nodes=NODES, ts: float = T0) -> dict:
-    hist = hist or new_job_history(JOB)
+    hist = hist or new_job(JOB)
     job_on_event(hist, job_event(JOB, "started", ts, nodes=nodes, attempt=attempt), cfg, WALL)
     return hist
 
@@ -54,7 +54,7 @@ def _only(d):
 
 
 def test_starting_a_job_tells_each_node_it_was_placed(cfg) -> None:
-    hist = new_job_history(JOB)
+    hist = new_job(JOB)
     d = job_on_event(hist, job_event(JOB, "started", T0, nodes=NODES), cfg, WALL)
     assert [(n.node, n.kind) for n in d.node_notices] == [(n, "placed") for n in NODES]
 
@@ -188,7 +188,7 @@ def test_a_traceback_is_the_codes_and_counts_against_no_node(cfg) -> None:
 
 
 def test_transient_failures_beyond_the_retry_budget_are_requeued(cfg) -> None:
-    hist = new_job_history(JOB)
+    hist = new_job(JOB)
     actions = []
     for attempt in range(1, cfg.transient_retries + 3):
         _running(cfg, attempt=attempt, hist=hist, ts=T0 + 100 * attempt)
@@ -264,7 +264,7 @@ def test_verdict_ids_are_deterministic(cfg) -> None:
 
 
 def test_diagnostics_job_events_become_diagnostics_notices_for_the_node(cfg) -> None:
-    hist = new_job_history("diag-node-0003-1")
+    hist = new_job("diag-node-0003-1")
     kinds = []
     for event, extra in (("started", {}), ("completed", {"reason": "dcgmi diag -r 2: pass"})):
         e = job_event("diag-node-0003-1", event, T0, nodes=["node-0003"], diagnostics_for="node-0003", **extra)
@@ -273,7 +273,7 @@ def test_diagnostics_job_events_become_diagnostics_notices_for_the_node(cfg) -> 
         kinds += [(n.node, n.kind) for n in d.node_notices]
     failed = job_event("diag-node-0003-2", JobEventKind.failed, T0, nodes=["node-0003"],
                        diagnostics_for="node-0003", reason="dcgmi diag -r 2: fail")
-    [n] = job_on_event(new_job_history("diag-node-0003-2"), failed, cfg, WALL).node_notices
+    [n] = job_on_event(new_job("diag-node-0003-2"), failed, cfg, WALL).node_notices
     kinds.append((n.node, n.kind))
     assert kinds == [("node-0003", "diag_started"), ("node-0003", "diag_passed"), ("node-0003", "diag_failed")]
     assert n.reason == "dcgmi diag -r 2: fail"

@@ -5,20 +5,14 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import PolicySettings
-from pipeline.correlate.policy import (
-    DIAGNOSING,
-    FAILED,
-    HEALTHY,
-    ISOLATED,
-    SUSPECT,
-    new_node_health,
-    node_on_anomaly,
-    node_on_notice,
-)
+from pipeline.correlate.policy import node_on_anomaly, node_on_notice
+from pipeline.correlate.state import NODE_VERSION, NodeState, load_node, new_node
 from schemas import ActionName, FaultClass, Severity
 
 from .builders import T0, anomaly, critical_gpu_lost, node_notice
 
+HEALTHY, SUSPECT, ISOLATED, DIAGNOSING, FAILED = (NodeState.healthy, NodeState.suspect, NodeState.isolated,
+                                                  NodeState.diagnosing, NodeState.failed)
 NODE = "node-0001"
 JOB = "train-0001"
 
@@ -30,7 +24,7 @@ def cfg() -> PolicySettings:
 
 
 def _placed(cfg: PolicySettings, job: str = JOB) -> dict:
-    h = new_node_health()
+    h = new_node()
     node_on_notice(h, node_notice(NODE, "placed", job), cfg)
     return h
 
@@ -57,7 +51,7 @@ def test_a_critical_gpu_hardware_anomaly_isolates_drains_diagnoses_and_tells_the
 
 
 def test_a_critical_fault_on_an_idle_node_isolates_without_a_job_notice(cfg) -> None:
-    h = new_node_health()
+    h = new_node()
     d = node_on_anomaly(h, critical_gpu_lost(NODE, T0), cfg)
     assert _actions(d.verdicts[0]) == [ActionName.isolate, ActionName.drain, ActionName.diagnose]
     assert d.job_notices == []
@@ -84,7 +78,7 @@ def test_confirmed_degradation_under_a_running_job_isolates_without_drain_and_wa
 
 
 def test_confirmed_degradation_on_an_idle_node_also_drains(cfg) -> None:
-    h = new_node_health()
+    h = new_node()
     for i in range(3):
         d = node_on_anomaly(h, _warning(T0 + 60 * i), cfg)
     assert _actions(d.verdicts[0]) == [ActionName.isolate, ActionName.drain, ActionName.diagnose]
@@ -118,7 +112,7 @@ def test_anomalies_on_an_isolated_node_produce_no_new_verdict(cfg) -> None:
 
 
 def test_failures_of_enough_distinct_jobs_isolate_the_node(cfg) -> None:
-    h = new_node_health()
+    h = new_node()
     first = node_on_notice(h, node_notice(NODE, "job_failed", "job-a", T0), cfg)
     again = node_on_notice(h, node_notice(NODE, "job_failed", "job-a", T0 + 10), cfg)
     second = node_on_notice(h, node_notice(NODE, "job_failed", "job-b", T0 + 20), cfg)
@@ -132,7 +126,7 @@ def test_failures_of_enough_distinct_jobs_isolate_the_node(cfg) -> None:
 
 def test_failures_of_big_jobs_share_their_blame_and_do_not_isolate_a_node(cfg) -> None:
     # three failed 512-node jobs: every node of them was there; none carries the blame
-    h = new_node_health()
+    h = new_node()
     for i, job in enumerate(["job-a", "job-b", "job-c", "job-d"]):
         d = node_on_notice(h, node_notice(NODE, "job_failed", job, T0 + 10 * i, job_nodes=512), cfg)
         assert d.verdicts == []
@@ -140,7 +134,7 @@ def test_failures_of_big_jobs_share_their_blame_and_do_not_isolate_a_node(cfg) -
 
 
 def test_failures_of_small_jobs_carry_enough_blame_to_isolate(cfg) -> None:
-    h = new_node_health()
+    h = new_node()
     sizes = {"job-a": 2, "job-b": 4, "job-c": 2}
     ds = [node_on_notice(h, node_notice(NODE, "job_failed", j, T0 + 10 * i, job_nodes=k), cfg)
           for i, (j, k) in enumerate(sizes.items())]
@@ -151,7 +145,7 @@ def test_failures_of_small_jobs_carry_enough_blame_to_isolate(cfg) -> None:
 
 def test_failures_of_different_jobs_that_keep_beginning_on_one_node_isolate_it_whatever_the_job_size(cfg) -> None:
     # three 512-node jobs each fail first on this node
-    h = new_node_health()
+    h = new_node()
     ds = [node_on_notice(h, node_notice(NODE, "job_failed", f"job-{c}", T0 + 3600 * i, job_nodes=512, origin=True,
                                         attempt=1), cfg) for i, c in enumerate("abc")]
     assert ds[0].verdicts == ds[1].verdicts == []
@@ -165,7 +159,7 @@ def test_failures_of_different_jobs_that_keep_beginning_on_one_node_isolate_it_w
 
 def test_one_jobs_retries_beginning_on_its_rank0_node_never_make_that_node_suspect(cfg) -> None:
     # a user's bug retried in place: Kubernetes reports the rank-0 pod first every time
-    h = new_node_health()
+    h = new_node()
     for i in range(6):
         d = node_on_notice(h, node_notice(NODE, "job_failed", "job-a", T0 + 600 * i, job_nodes=4, origin=True,
                                           attempt=i + 1), cfg)
@@ -179,7 +173,7 @@ def test_one_jobs_retries_beginning_on_its_rank0_node_never_make_that_node_suspe
 
 
 def test_a_replayed_failure_or_one_begun_elsewhere_does_not_count_as_beginning_here(cfg) -> None:
-    h = new_node_health()
+    h = new_node()
     notices = [node_notice(NODE, "job_failed", "job-a", T0, job_nodes=512, origin=True, attempt=1),
                node_notice(NODE, "job_failed", "job-a", T0 + 5, job_nodes=512, origin=True, attempt=1),  # replayed
                node_notice(NODE, "job_failed", "job-a", T0 + 3600, job_nodes=512, origin=False, attempt=2),
@@ -189,7 +183,7 @@ def test_a_replayed_failure_or_one_begun_elsewhere_does_not_count_as_beginning_h
 
 
 def test_failures_that_began_here_longer_ago_than_the_origin_window_do_not_count(cfg) -> None:
-    h = new_node_health()
+    h = new_node()
     step = cfg.repeat_origin_window_s / 2 + 1
     for i in range(4):
         d = node_on_notice(h, node_notice(NODE, "job_failed", f"job-{i}", T0 + step * i, job_nodes=512, origin=True,
@@ -198,7 +192,7 @@ def test_failures_that_began_here_longer_ago_than_the_origin_window_do_not_count
 
 
 def test_job_failures_older_than_the_repeat_window_do_not_count(cfg) -> None:
-    h = new_node_health()
+    h = new_node()
     step = cfg.repeat_failure_window_s / 2 + 1
     for i, job in enumerate(["job-a", "job-b", "job-c", "job-d"]):
         d = node_on_notice(h, node_notice(NODE, "job_failed", job, T0 + step * i), cfg)
@@ -210,7 +204,7 @@ def _isolate(h: dict, cfg: PolicySettings, ts: float):
 
 
 def test_passed_diagnostics_return_the_node_and_reset_its_state(cfg) -> None:
-    h = new_node_health()
+    h = new_node()
     node_on_anomaly(h, _warning(T0), cfg)
     isolation = _isolate(h, cfg, T0 + 1)
     node_on_notice(h, node_notice(NODE, "diag_started", "diag-1", T0 + 2), cfg)
@@ -225,7 +219,7 @@ def test_passed_diagnostics_return_the_node_and_reset_its_state(cfg) -> None:
 
 
 def test_failed_diagnostics_escalate_and_keep_the_node_out(cfg) -> None:
-    h = new_node_health()
+    h = new_node()
     isolation = _isolate(h, cfg, T0)
     d = node_on_notice(h, node_notice(NODE, "diag_failed", "diag-1", T0 + 60, reason="dcgmi: fail"), cfg)
     [v] = d.verdicts
@@ -236,13 +230,13 @@ def test_failed_diagnostics_escalate_and_keep_the_node_out(cfg) -> None:
 
 
 def test_diagnostics_results_for_a_node_in_service_change_nothing(cfg) -> None:
-    h = new_node_health()
+    h = new_node()
     d = node_on_notice(h, node_notice(NODE, "diag_passed", "diag-1", T0), cfg)
     assert d.verdicts == [] and h["state"] == HEALTHY
 
 
 def test_a_node_that_keeps_coming_back_is_escalated_as_a_lemon(cfg) -> None:
-    h = new_node_health()
+    h = new_node()
     outcomes = []
     for i in range(cfg.lemon_returns):
         t = T0 + 1000 * i
@@ -255,7 +249,7 @@ def test_a_node_that_keeps_coming_back_is_escalated_as_a_lemon(cfg) -> None:
 
 
 def test_returns_older_than_the_lemon_window_are_forgiven(cfg) -> None:
-    h = new_node_health()
+    h = new_node()
     for i in range(cfg.lemon_returns + 2):
         t = T0 + (cfg.lemon_window_s + 1) * i
         _isolate(h, cfg, t)
@@ -265,12 +259,12 @@ def test_returns_older_than_the_lemon_window_are_forgiven(cfg) -> None:
 
 def test_failures_kept_in_the_older_shape_still_count_their_blame_and_never_as_begun_here(cfg) -> None:
     # a node state written before the origin and attempt fields: [ts, job, signature, share]
-    h = new_node_health()
+    h = new_node()
     h["failed_jobs"] = [[T0, "job-a", "sig", 0.5], [T0 + 10, "job-b", "sig", 0.5]]
     d = node_on_notice(h, node_notice(NODE, "job_failed", "job-c", T0 + 20, job_nodes=4), cfg)
     [v] = d.verdicts  # 0.5 + 0.5 + 0.25 of blame over three jobs
     assert v.evidence["failed_jobs"] == ["job-a", "job-b", "job-c"] and "failures_began_here" not in v.evidence
-    h = new_node_health()
+    h = new_node()
     h["failed_jobs"] = [[T0, "job-a", "sig", 0.01], [T0 + 10, "job-a", "sig", 0.01]]
     d = node_on_notice(h, node_notice(NODE, "job_failed", "job-a", T0 + 20, job_nodes=100, origin=True), cfg)
     assert d.verdicts == []  # one failure begun here, the older two not
@@ -280,7 +274,7 @@ def test_a_fault_is_told_to_the_job_it_struck_whether_the_release_came_first_or_
     # the job ran here from T0 to T0 + 100; a GPU fell off the bus at T0 + 99.  The release
     # (job topic) and the finding (telemetry) reach the node track in either order.
     def told(release_first: bool) -> list[tuple]:
-        h = new_node_health()
+        h = new_node()
         node_on_notice(h, node_notice(NODE, "placed", JOB, ts=T0), cfg)
         release = node_notice(NODE, "released", JOB, ts=T0 + 100)
         if release_first:
@@ -293,7 +287,7 @@ def test_a_fault_is_told_to_the_job_it_struck_whether_the_release_came_first_or_
     assert told(True) == told(False)
     assert told(True)[0] == (JOB, "node_fault", T0 + 99)
     # a fault after the job left is not its
-    h = new_node_health()
+    h = new_node()
     node_on_notice(h, node_notice(NODE, "placed", JOB, ts=T0), cfg)
     node_on_notice(h, node_notice(NODE, "released", JOB, ts=T0 + 100), cfg)
     assert node_on_anomaly(h, critical_gpu_lost(NODE, T0 + 101), cfg).job_notices == []
@@ -301,7 +295,7 @@ def test_a_fault_is_told_to_the_job_it_struck_whether_the_release_came_first_or_
 
 def test_every_job_running_on_a_node_is_told_of_its_fault(cfg) -> None:
     # two single-GPU jobs share the node; a third left before the fault, a fourth comes after
-    h = new_node_health()
+    h = new_node()
     node_on_notice(h, node_notice(NODE, "placed", "job-a", ts=T0), cfg)
     node_on_notice(h, node_notice(NODE, "placed", "job-b", ts=T0 + 5), cfg)
     node_on_notice(h, node_notice(NODE, "placed", "job-c", ts=T0 + 1), cfg)
@@ -316,7 +310,7 @@ def test_every_job_running_on_a_node_is_told_of_its_fault(cfg) -> None:
 
 
 def test_a_degrading_node_warns_every_job_on_it(cfg) -> None:
-    h = new_node_health()
+    h = new_node()
     for j in ("job-a", "job-b"):
         node_on_notice(h, node_notice(NODE, "placed", j, ts=T0), cfg)
     d = None
@@ -328,11 +322,13 @@ def test_a_degrading_node_warns_every_job_on_it(cfg) -> None:
 def test_a_node_state_kept_in_the_older_one_job_shape_is_read_as_today(cfg) -> None:
     old = {"state": HEALTHY, "since": 0.0, "job": JOB, "job_since": T0, "left": ["job-z", T0 - 100, T0 - 1],
            "anomalies": [], "failed_jobs": [], "returns": [], "incident": None, "fault_class": None}
-    d = node_on_anomaly(old, critical_gpu_lost(NODE, T0 + 5), cfg)
+    d = node_on_anomaly(load_node(old), critical_gpu_lost(NODE, T0 + 5), cfg)
     assert [n.job for n in d.job_notices] == [JOB]
+    assert old["v"] == NODE_VERSION
     assert old["jobs"] == {JOB: T0} and old["left"] == [["job-z", T0 - 100, T0 - 1]]
     assert "job" not in old and "job_since" not in old
     # a fault within the job that left: told to it
     old2 = {"state": HEALTHY, "since": 0.0, "job": None, "left": ["job-z", T0 - 100, T0 - 1], "anomalies": [],
             "failed_jobs": [], "returns": [], "incident": None, "fault_class": None}
-    assert [n.job for n in node_on_anomaly(old2, critical_gpu_lost(NODE, T0 - 50), cfg).job_notices] == ["job-z"]
+    assert [n.job for n in node_on_anomaly(load_node(old2), critical_gpu_lost(NODE, T0 - 50), cfg).job_notices] == \
+        ["job-z"]

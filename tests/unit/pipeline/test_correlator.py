@@ -1,0 +1,129 @@
+"""The correlator core and its typed, versioned state: transitions, migrations, the
+schedule of ticks, and state left as it was when a rule fails."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from pipeline.config import NetworkSettings, PolicySettings
+from pipeline.correlate import policy
+from pipeline.correlate.core import Correlator
+from pipeline.correlate.state import (
+    JOB_VERSION,
+    NODE_VERSION,
+    TRANSITIONS,
+    IllegalTransition,
+    NodeState,
+    StateVersionError,
+    enter,
+    load_job,
+    load_node,
+    new_job,
+    new_node,
+)
+
+from .builders import T0, critical_gpu_lost, job_event
+
+GRACE = 3.0
+WAIT = 30.0
+NODES = ["node-0001", "node-0002"]
+
+
+def _core(**stores) -> Correlator:
+    return Correlator(PolicySettings(correlation_grace_s=GRACE, correlation_wait_max_s=WAIT), NetworkSettings(),
+                      **stores)
+
+
+@pytest.mark.parametrize("frm,to", list(itertools.product(NodeState, NodeState)))
+def test_a_node_moves_only_along_the_lifecycle_table(frm: NodeState, to: NodeState) -> None:
+    h = new_node()
+    h["state"] = frm.value
+    if to in TRANSITIONS[frm]:
+        enter(h, to, T0, incident="i-1")
+        assert (h["state"], h["since"], h["incident"]) == (to.value, T0, "i-1")
+    else:
+        with pytest.raises(IllegalTransition, match=f"from {frm.value} to {to.value}"):
+            enter(h, to, T0)
+        assert h["state"] == frm.value and h["since"] == 0.0
+
+
+def test_the_table_lets_every_state_be_reached_and_every_out_of_pool_state_be_returned() -> None:
+    reached = {to for tos in TRANSITIONS.values() for to in tos}
+    assert reached == set(NodeState)
+    assert all(NodeState.healthy in TRANSITIONS[s] for s in NodeState)
+
+
+def test_records_carry_their_version_and_a_newer_one_is_refused() -> None:
+    assert new_node()["v"] == NODE_VERSION and new_job("j")["v"] == JOB_VERSION
+    with pytest.raises(StateVersionError, match="newer"):
+        load_node({**new_node(), "v": NODE_VERSION + 1})
+    with pytest.raises(ValueError):
+        load_node({**new_node(), "state": "sleeping"})
+
+
+def test_a_job_record_of_version_1_has_its_waiting_failure_moved_to_the_list() -> None:
+    old = {"job": "j", "status": "failed", "attempt": 2, "nodes": NODES, "scheduler": "sim", "checkpoint": None,
+           "failures": [], "node_faults": {}, "retries": {"transient": 0, "user": 0, "unknown": 0},
+           "pending": {"kind": "failure", "attempt": 2, "ts": T0, "deadline_ts": T0 + GRACE, "deadline_wall": 99.0}}
+    h = load_job(old)
+    assert h["v"] == JOB_VERSION and h["pending"] is None and h["decided"] == []
+    assert h["waiting"] == [{"attempt": 2, "ts": T0, "deadline_ts": T0 + GRACE, "deadline_wall": 99.0}]
+
+
+def test_a_failure_is_ticked_when_the_watermark_or_the_wall_clock_ends_its_grace() -> None:
+    core = _core()
+    core.handle(job_event("j", "started", T0, nodes=NODES), 1000.0)
+    d = core.handle(job_event("j", "failed", T0 + 10, nodes=NODES, exit_code=1, reason="exit code 1"), 1000.0)
+    assert d.verdicts == [] and core.schedule.jobs == {"j": (T0 + 10 + GRACE, 1000.0 + WAIT)}
+    assert core.due_job_ticks(T0 + 10 + GRACE - 0.1, 1000.0 + WAIT - 0.1) == []
+    [tick] = core.due_job_ticks(T0 + 10 + GRACE, 1001.0)
+    assert (tick.job, tick.kind, tick.ts) == ("j", "tick", T0 + 10 + GRACE)
+    assert core.schedule.jobs == {}
+    [v] = core.handle(tick, 1001.0).verdicts
+    assert v.ts == T0 + 10 + GRACE  # stamped with the grace's end, whichever clock woke it
+    # the wall clock alone ends a grace when telemetry stalls
+    core.handle(job_event("j", "started", T0 + 20, nodes=NODES, attempt=2), 1002.0)
+    core.handle(job_event("j", "failed", T0 + 30, nodes=NODES, attempt=2, exit_code=1), 1002.0)
+    assert [t.job for t in core.due_job_ticks(0.0, 1002.0 + WAIT)] == ["j"]
+
+
+def test_a_new_correlator_over_the_same_stores_resumes_the_schedule() -> None:
+    jobs: dict = {}
+    core = _core(jobs=jobs)
+    core.handle(job_event("j", "started", T0, nodes=NODES), 1000.0)
+    core.handle(job_event("j", "failed", T0 + 10, nodes=NODES, exit_code=1), 1000.0)
+    again = _core(jobs=jobs)
+    assert again.schedule.jobs == {}
+    again.resume()
+    assert again.schedule.jobs == core.schedule.jobs
+
+
+def test_a_rule_that_fails_leaves_the_stored_state_as_it_was(monkeypatch) -> None:
+    nodes: dict = {}
+    core = _core(nodes=nodes)
+    core.handle(job_event("j", "started", T0, nodes=NODES), 1000.0)
+    for n in core.handle(job_event("j", "started", T0, nodes=NODES), 1000.0).node_notices:
+        core.handle(n, 1000.0)
+    before = repr(nodes["node-0001"])
+
+    def broken(h, a, cfg):
+        h["state"] = "isolated"
+        h["jobs"].clear()
+        raise RuntimeError("a bug in a rule")
+
+    monkeypatch.setattr(policy, "node_on_anomaly", broken)
+    with pytest.raises(RuntimeError):
+        core.handle(critical_gpu_lost("node-0001", T0 + 5), 1000.0)
+    assert repr(nodes["node-0001"]) == before
+
+
+def test_the_caller_hears_of_each_change_of_a_nodes_state_once() -> None:
+    seen: list[tuple[str, str]] = []
+    core = Correlator(PolicySettings(), NetworkSettings(), on_node_state=lambda n, st, h: seen.append((n, st)))
+    core.handle(critical_gpu_lost("node-0001", T0), T0)
+    core.handle(critical_gpu_lost("node-0001", T0 + 1), T0)
+    assert seen == [("node-0001", "isolated")]
+    h = core.node("node-0001")
+    assert h is not None and h["v"] == NODE_VERSION
