@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,12 +23,11 @@ from dataclasses import dataclass
 from schemas import ActionName, Outcome
 
 from .base import ActionRequest, ActionResult, PermanentError, TemporaryError
+from .slurm_text import JOB_PREFIX, expand_hostlist, job_attempt, parse_oneliner
 
 log = logging.getLogger(__name__)
 
 REASON_PREFIX = "fleetmedic"
-JOB_PREFIX = "slurm-"
-_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
 TEMPORARY_MARKERS = (
     "unable to contact slurm controller",
     "socket timed out",
@@ -45,36 +43,6 @@ PERMANENT_MARKERS = ("invalid node name", "invalid job id", "access/permission d
 TERMINAL_JOB_STATES = frozenset(
     {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
 )
-
-
-def parse_oneliner(line: str) -> dict[str, str]:
-    """Parse one ``scontrol show ... -o`` line (``Key=Value Key2=Value with spaces``)."""
-    out: dict[str, str] = {}
-    matches = list(_FIELD.finditer(line))
-    for i, m in enumerate(matches):
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
-        out[m.group(1)] = line[m.end() : end].strip()
-    return out
-
-
-def expand_hostlist(expr: str) -> list[str]:
-    """Expand a Slurm hostlist (``n[1-3,5],gpu7``) into names."""
-    names: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", expr or ""):
-        m = re.fullmatch(r"(.*)\[([^\]]*)\](.*)", part)
-        if not m:
-            if part and part != "(null)":
-                names.append(part)
-            continue
-        pre, ranges, post = m.groups()
-        for r in ranges.split(","):
-            if "-" in r:
-                a, b = r.split("-", 1)
-                width = len(a)
-                names.extend(f"{pre}{i:0{width}d}{post}" for i in range(int(a), int(b) + 1))
-            else:
-                names.append(f"{pre}{r}{post}")
-    return names
 
 
 def job_id(target: str) -> str:
@@ -282,10 +250,7 @@ class SlurmBackend:
 
     @staticmethod
     def attempt_of(info: dict[str, str]) -> int:
-        try:
-            return int(info.get("Restarts", "0")) + 1
-        except ValueError:
-            return 1
+        return job_attempt(info)
 
     async def _requeue(self, req: ActionRequest) -> ActionResult:
         """retry / restart / requeue: back to the queue, excluding the named nodes."""

@@ -276,7 +276,7 @@ def triage_rules() -> list[dict[str, str]]:
 
 def metrics() -> list[tuple[str, str, str, tuple[str, ...]]]:
     """(name, type, help, labels) of every metric the worker exports."""
-    from pipeline.worker.app import Metrics
+    from pipeline.worker.metrics import Metrics
 
     out = []
     for collector in Metrics().registry._collector_to_names:  # the registry's own list

@@ -226,11 +226,9 @@ def cmd_watch_slurm(args: argparse.Namespace) -> int:
     """Poll a Slurm controller and publish its job state changes on telemetry.job."""
     s = _settings(args)
     _logging(s.worker.log_level)
-    from actuators.slurm import SlurmBackend
+    from pipeline.watch.slurm import Scontrol, SlurmJobWatcher
 
-    from pipeline.watch.slurm import SlurmJobWatcher
-
-    watcher = SlurmJobWatcher(SlurmBackend(slurm_conf=args.slurm_conf or s.actuators.slurm_conf))
+    watcher = SlurmJobWatcher(Scontrol(slurm_conf=args.slurm_conf or s.actuators.slurm_conf))
     asyncio.run(_publish_job_events(s, "slurm", functools.partial(watcher.run, interval=args.interval)))
     return 0
 
@@ -239,15 +237,11 @@ def cmd_watch_k8s(args: argparse.Namespace) -> int:
     """Watch a Kubernetes cluster's pods and Jobs and publish job events on telemetry.job."""
     s = _settings(args)
     _logging(s.worker.log_level)
-    from actuators.kubernetes import KubernetesBackend
-
-    from pipeline.watch.k8s import KubernetesJobWatcher
+    from pipeline.watch.k8s import KubernetesJobWatcher, api_clients
 
     a = s.actuators
-    backend = KubernetesBackend.from_config(args.kubeconfig or a.kubeconfig, context=a.kube_context,
-                                            impersonate=a.kube_as)
-    watcher = KubernetesJobWatcher(backend.core, backend.batch, namespace=args.namespace,
-                                   timeout_s=args.watch_timeout)
+    core, batch = api_clients(args.kubeconfig or a.kubeconfig, context=a.kube_context, impersonate=a.kube_as)
+    watcher = KubernetesJobWatcher(core, batch, namespace=args.namespace, timeout_s=args.watch_timeout)
     asyncio.run(_publish_job_events(s, "kubernetes", watcher.run))
     return 0
 

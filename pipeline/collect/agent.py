@@ -223,12 +223,15 @@ class Agent:
     def _dcgm_fallback(self, url: str) -> str | None:
         """The node an exporter's lines belong to when they carry no host name (``--no-hostname``,
         or a container's id): this node, for an exporter on this machine; else none."""
+        import ipaddress
         from urllib.parse import urlsplit
 
-        from pipeline.api.gate import is_loopback
-
         host = (urlsplit(url).hostname or "").lower()
-        return self.node if is_loopback(host) or host == self.node.lower() else None
+        try:
+            local = host in ("localhost", "localhost.localdomain") or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            local = False
+        return self.node if local or host == self.node.lower() else None
 
     async def collect_once(self) -> list[tuple[str, dict[str, Any]]]:
         """One round of every source: (topic short name, record) pairs."""

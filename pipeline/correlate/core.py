@@ -31,7 +31,6 @@ from pipeline.correlate import policy
 from pipeline.correlate.state import (
     JobHistory,
     NodeHealth,
-    SwitchState,
     load_job,
     load_node,
     load_switch,

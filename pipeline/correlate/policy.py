@@ -43,9 +43,6 @@ from pipeline.correlate.state import (
     NodeState,
     SwitchState,
     enter,
-    new_job,
-    new_node,
-    new_switch,
 )
 from pipeline.correlate.triage import signature_basis, triage
 

@@ -715,7 +715,6 @@ class Fleet:
         o = inc.outcome or {}
         decide = float(o.get("job_decide_s") or 0.0)
         action = o.get("job_action")
-        n = self.nodes[node]
         node_found = o.get("iso_s") is not None and o.get("iso_applied")
         if not repeat:
             if node_found:

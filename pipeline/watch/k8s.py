@@ -336,3 +336,27 @@ class KubernetesJobWatcher:
             "resumes": sum(w.resumes for w in self.loops),
             "errors": sum(w.errors for w in self.loops),
         }
+
+
+def api_clients(kubeconfig: str | None = None, context: str | None = None, *,
+                impersonate: str | None = None) -> tuple[Any, Any]:
+    """The watcher's own ``CoreV1Api`` and ``BatchV1Api``: from a kubeconfig file, or inside
+    a pod from its service account (neither ``kubeconfig`` nor ``context`` given and
+    ``KUBERNETES_SERVICE_HOST`` set).  ``impersonate`` watches as that user, like
+    ``kubectl --as``.  The watch streams are long requests, so the client's own retries are
+    off: :class:`WatchLoop` resumes them itself."""
+    import os
+
+    import kubernetes.client
+    import kubernetes.config
+
+    config = kubernetes.client.Configuration()
+    if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kubernetes.config.load_incluster_config(client_configuration=config)
+    else:
+        kubernetes.config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=config,
+                                           persist_config=False)
+    api = kubernetes.client.ApiClient(config)
+    if impersonate:
+        api.set_default_header("Impersonate-User", impersonate)
+    return kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)

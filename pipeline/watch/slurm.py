@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from actuators.slurm import JOB_PREFIX, SlurmBackend, expand_hostlist, parse_oneliner
+from actuators.slurm_text import JOB_PREFIX, expand_hostlist, job_attempt, parse_oneliner
 from schemas import JobEvent, JobEventKind
 
 log = logging.getLogger(__name__)
@@ -64,18 +65,49 @@ def _diagnostics_for(info: dict[str, str]) -> str | None:
     return None
 
 
+class Scontrol:
+    """The watcher's own client of the controller: ``scontrol show job -o``, with a timeout.
+
+    ``slurm_conf`` names the cluster's ``slurm.conf`` (else Slurm's default), ``bin_dir``
+    where the Slurm commands are (else ``PATH``)."""
+
+    def __init__(self, *, slurm_conf: str | None = None, bin_dir: str | None = None, timeout_s: float = 20.0) -> None:
+        self.env = dict(os.environ)
+        if slurm_conf:
+            self.env["SLURM_CONF"] = slurm_conf
+        self.cmd = [os.path.join(bin_dir, "scontrol") if bin_dir else "scontrol", "show", "job", "-o"]
+        self.timeout_s = timeout_s
+
+    async def show_jobs(self) -> str:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=self.env)
+        except FileNotFoundError as exc:
+            raise RuntimeError(f"{self.cmd[0]} not found: is Slurm installed?") from exc
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise RuntimeError(f"{' '.join(self.cmd)} timed out after {self.timeout_s:.0f}s") from None
+        if proc.returncode:
+            text = (err or out).decode(errors="replace").strip()
+            raise RuntimeError(f"{' '.join(self.cmd)} failed ({proc.returncode}): {text[:500]}")
+        return out.decode(errors="replace")
+
+
 class SlurmJobWatcher:
     """Turns the controller's view of jobs into job events, one poll at a time."""
 
-    def __init__(self, backend: SlurmBackend, *, clock: Callable[[], float] = time.time) -> None:
-        self.backend = backend
+    def __init__(self, client: Scontrol | None = None, *, clock: Callable[[], float] = time.time) -> None:
+        self.client = client or Scontrol()
         self.clock = clock
         self.seen: dict[str, tuple[str, int]] = {}
 
     async def jobs(self) -> list[dict[str, str]]:
-        res = await self.backend.run("scontrol", "show", "job", "-o")
         out = []
-        for line in res.out.splitlines():
+        for line in (await self.client.show_jobs()).splitlines():
             line = line.strip()
             if line.startswith("JobId="):
                 out.append(parse_oneliner(line))
@@ -90,7 +122,7 @@ class SlurmJobWatcher:
             if not jid:
                 continue
             state = info.get("JobState", "UNKNOWN")
-            attempt = SlurmBackend.attempt_of(info)
+            attempt = job_attempt(info)
             prev = self.seen.get(jid)
             self.seen[jid] = (state, attempt)
             if prev == (state, attempt):

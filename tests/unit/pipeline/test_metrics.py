@@ -8,7 +8,7 @@ import re
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.worker.app import Metrics
+from pipeline.worker.metrics import Metrics
 from pipeline.worker.procs import ROOT
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "fleetmedic.json"

@@ -6,7 +6,8 @@ import pytest
 
 from pipeline.config import PolicySettings
 from pipeline.eval.failures import excerpt
-from pipeline.correlate.policy import job_on_event, job_on_notice, job_on_tick, new_job
+from pipeline.correlate.policy import job_on_event, job_on_notice, job_on_tick
+from pipeline.correlate.state import new_job
 from schemas import ActionName, FaultClass, JobEventKind, JobNotice
 
 from .builders import T0, job_event, job_notice

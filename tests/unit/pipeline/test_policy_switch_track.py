@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.correlate import policy
+from pipeline.correlate import policy, state
 from pipeline.config import NetworkSettings, PolicySettings
 from schemas import ActionName, FaultClass, NodeNotice, SwitchNotice
 
@@ -17,7 +17,7 @@ def notice(node: str, ts: float, switch: str = "leaf-03", kind: str = "port_anom
 
 
 def test_three_nodes_under_one_switch_give_one_switch_verdict_and_no_node_fault() -> None:
-    st = policy.new_switch("leaf-03")
+    st = state.new_switch("leaf-03")
     d1 = policy.switch_on_notice(st, notice("n1", T0), NET)
     d2 = policy.switch_on_notice(st, notice("n2", T0 + 10), NET)
     assert not d1.verdicts and not d2.verdicts and not d1.node_notices
@@ -37,7 +37,7 @@ def test_three_nodes_under_one_switch_give_one_switch_verdict_and_no_node_fault(
 
 
 def test_a_lone_node_is_its_own_fault_after_the_hold() -> None:
-    st = policy.new_switch("leaf-03")
+    st = state.new_switch("leaf-03")
     assert not policy.switch_on_notice(st, notice("n1", T0), NET).node_notices
     assert not policy.switch_on_notice(st, notice("-", T0 + 30, kind="tick"), NET).node_notices
     d = policy.switch_on_notice(st, notice("-", T0 + 61, kind="tick"), NET)
@@ -47,7 +47,7 @@ def test_a_lone_node_is_its_own_fault_after_the_hold() -> None:
 
 
 def test_anomalies_spread_over_time_do_not_add_up_to_a_switch_fault() -> None:
-    st = policy.new_switch("leaf-03")
+    st = state.new_switch("leaf-03")
     policy.switch_on_notice(st, notice("n1", T0), NET)
     policy.switch_on_notice(st, notice("n2", T0 + 700), NET)  # n1's anomaly is out of the window
     d = policy.switch_on_notice(st, notice("n3", T0 + 710), NET)
@@ -55,7 +55,7 @@ def test_anomalies_spread_over_time_do_not_add_up_to_a_switch_fault() -> None:
 
 
 def _health_after(kind: str, enforce: bool):
-    h = policy.new_node()
+    h = state.new_node()
     n = NodeNotice(ts=T0, node="n1", kind=kind, job="port_errors", reason="port anomalies on mlx5_0/1 only",
                    signature="a-1")
     return h, policy.node_on_notice(h, n, PolicySettings(), NetworkSettings(enforce=enforce))
@@ -76,7 +76,7 @@ def test_a_job_failing_under_a_bad_switch_is_not_blamed_nor_its_nodes() -> None:
     from schemas import JobEvent, JobNotice
 
     cfg = PolicySettings()
-    hist = policy.new_job("j1")
+    hist = state.new_job("j1")
     policy.job_on_event(hist, JobEvent(ts=T0, job="j1", event="started", nodes=["n1", "n2"]), cfg, T0)
     policy.job_on_notice(hist, JobNotice(ts=T0 + 5, job="j1", node="n1", kind="fabric",
                                          fault_class=FaultClass.fabric_switch, incident="sw-1"), cfg, T0 + 5)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from actuators.slurm import SlurmBackend
 from pipeline.watch.slurm import SlurmJobWatcher
 
 
@@ -12,7 +11,7 @@ def line(jid, state, nodes="n[1-2]", restarts=0, exit_code="0:0", reason="None",
 
 
 def watcher():
-    return SlurmJobWatcher(SlurmBackend(), clock=lambda: 1000.0)
+    return SlurmJobWatcher(clock=lambda: 1000.0)
 
 
 def test_a_running_job_is_started_once_and_a_failure_carries_exit_code_reason_and_log_tail(tmp_path):

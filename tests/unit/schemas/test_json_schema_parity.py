@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from pipeline.correlate import policy
+from pipeline.correlate import policy, state
 from pipeline.config import DetectorSettings, PolicySettings
 from pipeline.actuate.control import dry_run_record, held_record
 from pipeline.detect.glue import GpuDetection, NetworkDetection
@@ -50,7 +50,7 @@ def examples() -> dict[str, list[dict[str, Any]]]:
     xid_sample["xids"] = [{"gpu": 0, "code": 79, "detail": "GPU has fallen off the bus."}]
     (xid,) = [a for a in GpuDetection(DetectorSettings()).process([decode(GpuSample, json.dumps(xid_sample))])
               if a.kind == "xid"]
-    decision = policy.node_on_anomaly(policy.new_node(), xid, PolicySettings())
+    decision = policy.node_on_anomaly(state.new_node(), xid, PolicySettings())
     verdicts = decision.verdicts
     assert anomalies and verdicts
     first = verdicts[0]
