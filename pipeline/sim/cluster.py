@@ -300,6 +300,11 @@ class Cluster:
         self.out: list[tuple[str, str, bytes]] = []  # (topic short name, key, value)
         self.events: list[dict[str, Any]] = []  # ground-truth event log
         self.applied_keys: dict[str, dict[str, Any]] = {}
+        #: the backend's own log of every request it answered, with its effect (ground truth
+        #: for the chaos run's checker, :mod:`pipeline.eval.groundtruth`): wall time, sim time,
+        #: key, verdict, action, target, params, status, outcome, whether state changed, and
+        #: the target's state before (a node cordoned or not; a job's attempt and status)
+        self.requests: list[dict[str, Any]] = []
         self.counts = Tally()
 
     # -------------------------------------------------------------------------- helpers
@@ -659,7 +664,20 @@ class Cluster:
             self.release(j)
 
     def act(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """Observe, compare, act, answer: the cluster API behind ``POST /actions``."""
+        """Observe, compare, act, answer: the cluster API behind ``POST /actions``.
+        Every request is kept in :attr:`requests` with its effect."""
+        target = body.get("target")
+        node, job = self.nodes.get(target or ""), self.jobs.get(target or "")
+        before: dict[str, Any] = ({"cordoned": node.cordoned} if node is not None else
+                                  {"attempt": job.attempt, "status": job.status} if job is not None else {})
+        status, data = self._act(body)
+        self.requests.append({
+            "wall": time.time(), "t": self.now, "key": body.get("key"), "verdict_id": body.get("verdict_id"),
+            "action": body.get("action"), "target": target, "params": body.get("params") or {}, "status": status,
+            "outcome": data.get("outcome"), "changed": data.get("outcome") == "applied", "before": before})
+        return status, data
+
+    def _act(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         key, action, target = body.get("key"), body.get("action"), body.get("target")
         params = body.get("params") or {}
         if not key or not action or not target:

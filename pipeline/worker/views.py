@@ -58,12 +58,23 @@ def install(w: Wiring) -> None:
             out[f"{tp.topic}:{tp.partition}"] = None if hw is None or pos is None else hw - pos
         return out
 
+    def assigned() -> bool:
+        """Both consumers have partitions; False while they are starting (Faust's consumer
+        raises ConsumerNotStarted then) or stopping."""
+        try:
+            ok = bool(app.consumer.assignment()) if app.consumer is not None else False
+            tc = state.get("telemetry_consumer")
+            return ok and (tc is None or bool(tc.assignment()))
+        except Exception:
+            return False
+
     async def ready_state() -> dict[str, Any]:
-        assigned = bool(app.consumer.assignment()) if app.consumer is not None else False
-        tc = state.get("telemetry_consumer")
-        if tc is not None:
-            assigned = assigned and bool(tc.assignment())
-        return readiness(assigned=assigned, rebalancing=bool(app.rebalancing), lags=await lags(),
+        up = assigned()
+        try:
+            lag = await lags() if up else {}
+        except Exception:  # a consumer stopping or starting between the two calls
+            up, lag = False, {}
+        return readiness(assigned=up, rebalancing=bool(app.rebalancing), lags=lag,
                          max_lag=s.worker.ready_max_lag, control_loaded=control.loaded.is_set())
 
     @app.page("/readyz")
