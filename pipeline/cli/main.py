@@ -385,14 +385,16 @@ def cmd_eval_failures(args: argparse.Namespace) -> int:
 def cmd_chaos(args: argparse.Namespace) -> int:
     """Kills, a broker restart, a backend outage and hostile input during a seeded scenario."""
     _logging("warning")
-    from pipeline.eval.chaos import run
+    from pipeline.eval.chaos import failures, run
 
     r = run(nodes=args.nodes, duration=args.duration, speed=args.speed, kills=args.kills, outage_s=args.outage,
             hostile=args.hostile, seed=args.seed, broker_restart=not args.no_broker_restart, out=Path(args.out),
             say=lambda *a: print(*a, file=sys.stderr, flush=True))
     print(f"results: {args.out}", file=sys.stderr)
-    ok = r["verdicts_lost"] == 0 and r["duplicate_actuations"] == 0 and r["agent_crashes"] == 0
-    return 0 if ok else 1
+    failed = failures(r)
+    for why in failed:
+        print(f"chaos: FAILED: {why}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -9,14 +9,19 @@ While the simulated cluster streams telemetry and injects its faults, the harnes
 * takes the backend (the simulated cluster's API) down for ``outage_s`` seconds: it
   answers 503, actions wait with backoff and are applied when it returns;
 * writes ``hostile`` malformed messages from a grammar-based mutation fuzzer
-  (:class:`Fuzzer`) into the telemetry topics.
+  (:class:`Fuzzer`) over every telemetry topic, with a key of their own each (so across
+  all partitions), mutated from real records of each topic.
 
-Then it compares what happened with the ground truth: every fault the cluster
-injected must have its verdict (``verdicts_lost``: a hardware fault its isolation, a
-transient fault its retry, a user error its stop), no action may
-change the cluster twice (``duplicate_actuations``: an isolation of a node already
-isolated by the same incident, or a second requeue or retry of the same job attempt),
-and no worker may die on its own (``agent_crashes``).
+Then it judges what happened from outside the pipeline:
+
+* the backend's own request log (:mod:`pipeline.eval.groundtruth`): every faulty node
+  cordoned or, if not, the breaker's or dry-run's record that says why
+  (``effects_lost`` counts the others); no second effect on one target for one incident,
+  whatever the key (``duplicate_effects``); no healthy node cordoned;
+* the dead-letter topic: every hostile input that the decoder refuses is there with its
+  reason (``refused_not_dead_lettered``), and ``sent = dead_lettered + accepted``;
+* every worker's log: tracebacks, crashed agents and unretrieved task exceptions
+  (``crash_lines``), and workers that died on their own (``agent_crashes``).
 """
 
 from __future__ import annotations
@@ -40,12 +45,29 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from schemas import GpuSample, JobEvent, NetworkSample
+from schemas.codec import DecodeError, decode
+
 from pipeline.config import load_settings, state_dir
-from pipeline.worker.procs import KAFKA_SH, WorkerProcess, free_port, kafka_script
+from pipeline.eval.groundtruth import check, faults_of
+from pipeline.sim.cluster import HARDWARE_KINDS, SimConfig, score
 from pipeline.sim.run import SimRunner
-from pipeline.sim.cluster import SimConfig, score
+from pipeline.worker.procs import KAFKA_SH, WorkerProcess, free_port, kafka_script
 from pipeline.worker.topics import ensure_topics
 
+#: when the backend outage begins, as a share of the scenario's duration (while the
+#: demo's faults are still being injected, so that actions meet it)
+OUTAGE_AT = 0.2
+#: the moments a worker is killed at: while it runs, while it starts (before it is ready),
+#: while a second worker joins its group (a rebalance), and while the backend is down
+KILL_PHASES = ("running", "starting", "rebalance", "outage")
+#: the breaker's share of the fleet in a chaos run
+BREAKER_FRACTION = 0.5
+#: the topics the fuzzer writes to, and the record each must hold
+FUZZED = {"telemetry.gpu": GpuSample, "telemetry.network": NetworkSample, "telemetry.job": JobEvent}
+#: lines in a worker's log that mean something crashed inside it
+CRASH_MARKERS = ("Traceback (most recent call last)", "Task exception was never retrieved", "crashed", "CRASHED",
+                 "Unhandled exception", "Fatal error")
 
 
 class Fuzzer:
@@ -58,23 +80,35 @@ class Fuzzer:
     oversized payloads, out-of-order and duplicated samples (valid, but late).
     """
 
-    def __init__(self, seed: int, templates: list[dict[str, Any]]) -> None:
+    def __init__(self, seed: int, templates: dict[str, list[dict[str, Any]]] | None = None) -> None:
         self.rng = random.Random(seed)
-        self.templates = templates
+        #: real records by topic (short name), the mutations' starting points
+        self.templates: dict[str, list[dict[str, Any]]] = templates or {}
         self.kinds: Counter[str] = Counter()
         self.productions = [
             self._truncated, self._garbage, self._bare, self._deep, self._wrong_type, self._missing, self._extra,
             self._nan, self._huge, self._negative, self._length, self._schema, self._time, self._late,
         ]
 
-    def one(self) -> bytes:
+    def ready(self) -> bool:
+        return all(self.templates.get(t) for t in FUZZED)
+
+    def keep(self, topic: str, rec: dict[str, Any]) -> None:
+        """A real record of ``topic`` to mutate (the first few of each topic are kept)."""
+        kept = self.templates.setdefault(topic, [])
+        if len(kept) < 20:
+            if topic == "telemetry.job":
+                rec = {**rec, "job": f"fuzz-{rec.get('job')}"}  # never a real job's history
+            kept.append(rec)
+
+    def one(self, topic: str = "telemetry.gpu") -> bytes:
         if self.rng.random() < 0.0005:
             self.kinds["oversized"] += 1
             # over the decoder's limit, under the broker's (1 MiB): it reaches the worker
             return b'{"schema":"gpu/1","pad":"' + b"x" * 1_000_500 + b'"}'
         prod = self.rng.choice(self.productions)
         self.kinds[prod.__name__.strip("_")] += 1
-        return prod(dict(self.rng.choice(self.templates)))
+        return prod(dict(self.rng.choice(self.templates[topic])))
 
     def _field(self, rec: dict[str, Any]) -> str:
         return self.rng.choice([k for k in rec if k != "schema"])
@@ -127,8 +161,10 @@ class Fuzzer:
     def _length(self, rec: dict) -> bytes:
         if "util" in rec:
             rec["util"] = rec["util"][: self.rng.randrange(0, len(rec["util"]))] or [1.0] * 99
-        else:
+        elif "ports" in rec:
             rec["ports"] = []
+        else:
+            rec["nodes"] = ["n"] * self.rng.randrange(5000, 20000)
         return orjson.dumps(rec)
 
     def _schema(self, rec: dict) -> bytes:
@@ -195,6 +231,10 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
             "FLEETMEDIC_ACTUATORS__SIM_URL": f"http://127.0.0.1:{api_port}",
             "FLEETMEDIC_ACTUATORS__MAX_ATTEMPTS": "100", "FLEETMEDIC_ACTUATORS__MAX_DELAY_S": "5",
             "FLEETMEDIC_SAFETY__FLEET_SIZE": str(nodes), "FLEETMEDIC_WORKER__LOG_LEVEL": "warning",
+            # the scenario strikes a large share of a small fleet on purpose: the breaker lets
+            # every isolation through (its cap is tested on its own), so that the backend is
+            # called for each and the checker can judge each effect
+            "FLEETMEDIC_SAFETY__MAX_FRACTION": str(BREAKER_FRACTION),
             # a killed worker's partitions come back after this (Kafka group session)
             "FLEETMEDIC_WORKER__SESSION_TIMEOUT_S": "8"}
     s = load_settings(environ=wenv)
@@ -204,21 +244,23 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
     cfg = SimConfig(nodes=nodes, speed=speed, duration=duration, seed=seed, faults="demo")
     runner = SimRunner(s, cfg, api_port=api_port, out=open(os.devnull, "w"), show_anomalies=False)
     cluster = runner.cluster
-    outage = {"until": 0.0, "refused": 0}
-    applied: list[dict[str, Any]] = []
+    # the outage is armed at OUTAGE_AT of the run and begins with the next call to the
+    # backend, so that it always meets actions; it lasts outage_s from then
+    outage = {"armed": False, "until": 0.0, "refused": 0, "began": 0.0}
     original_act = cluster.act
 
     def act(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if outage["armed"] and not outage["until"]:
+            outage["began"], outage["until"] = time.time(), time.time() + outage_s
         if time.time() < outage["until"]:
             outage["refused"] += 1
+            # the backend's log keeps the refusals too: requests that changed nothing
+            cluster.requests.append({"wall": time.time(), "t": cluster.now, "key": body.get("key"),
+                                     "verdict_id": body.get("verdict_id"), "action": body.get("action"),
+                                     "target": body.get("target"), "params": body.get("params") or {},
+                                     "status": 503, "outcome": None, "changed": False, "before": {}})
             return 503, {"error": "backend down (chaos)"}
-        job = cluster.jobs.get(body.get("target"))
-        attempt = job.attempt if job is not None else None  # the attempt the action is about
-        status, data = original_act(body)
-        if data.get("outcome") == "applied":
-            applied.append({"key": body.get("key"), "action": body.get("action"), "target": body.get("target"),
-                            "attempt": attempt, "t": cluster.now})
-        return status, data
+        return original_act(body)
 
     cluster.act = act  # type: ignore[method-assign]
     side = asyncio.new_event_loop()
@@ -230,22 +272,27 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
         return asyncio.run_coroutine_threadsafe(call(), side).result(60)
 
     asyncio.run_coroutine_threadsafe(runner.start_api(), side).result(30)
-    stats: dict[str, Any] = {"kills": 0, "agent_crashes": 0, "recovery_s": [], "broker_restarts": 0,
+    stats: dict[str, Any] = {"kills": 0, "kills_by_phase": Counter(), "agent_crashes": 0, "recovery_s": [], "broker_restarts": 0,
                              "broker_down_s": 0.0, "hostile_inputs": 0}
     say(f"chaos: {nodes} nodes for {duration:.0f} s at {speed:g}x: {kills} worker kills, "
         f"{'a broker restart, ' if broker_restart else ''}a {outage_s:.0f} s backend outage, {hostile} hostile inputs "
         f"(worker logs in {logdir})")
     worker = WorkerProcess(wenv, logdir / f"worker-{tag}-0.log")
     wait_ready_or_fail(worker, 120)
-    fuzzer = Fuzzer(seed, [])
+    fuzzer = Fuzzer(seed)
     rng = random.Random(seed)
+    #: every hostile input by its key: (topic, whether the decoder accepts it)
+    sent: dict[str, tuple[str, bool]] = {}
+    #: hostile inputs in the dead-letter topic: key -> reason (a redelivery counts once)
+    dead: dict[str, str] = {}
 
     async def main() -> None:
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, request_timeout_ms=15000,
                                     max_request_size=2 * 1024 * 1024)
         await producer.start()
-        follower = AIOKafkaConsumer(s.topic("verdicts"), s.topic("actions"), bootstrap_servers=bootstrap,
-                                    group_id=None, auto_offset_reset="earliest", enable_auto_commit=False)
+        follower = AIOKafkaConsumer(s.topic("verdicts"), s.topic("actions"), s.topic("deadletter"),
+                                    bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                                    enable_auto_commit=False, max_partition_fetch_bytes=4 * 1024 * 1024)
         await follower.start()
         stop = asyncio.Event()
 
@@ -259,7 +306,11 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
                 for tp, msgs in batch.items():
                     for m in msgs:
                         rec = orjson.loads(m.value)
-                        (runner.verdicts if tp.topic == s.topic("verdicts") else runner.actions).append(rec)
+                        if tp.topic == s.topic("deadletter"):
+                            if str(rec.get("key") or "").startswith("fuzz-"):
+                                dead.setdefault(rec["key"], rec.get("reason", ""))
+                        else:
+                            (runner.verdicts if tp.topic == s.topic("verdicts") else runner.actions).append(rec)
 
         async def simulate() -> None:
             cluster.t0 = time.time()
@@ -273,31 +324,60 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
                         f"{stats['hostile_inputs']} hostile inputs, {len(runner.verdicts)} verdicts so far)")
                 batch = on_side(lambda: (cluster.tick(), cluster.out.copy(), cluster.out.clear())[1])
                 for topic, key, value in batch:
-                    if topic == "telemetry.gpu" and not fuzzer.templates:
-                        fuzzer.templates.append(orjson.loads(value))
+                    if topic in FUZZED and len(fuzzer.templates.get(topic, ())) < 20:
+                        fuzzer.keep(topic, orjson.loads(value))
                 await _send(producer, [(s.topic(topic), key.encode(), value) for topic, key, value in batch], give_up)
                 delay = start + (i + 1) / speed - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
 
+        def kill(victim: WorkerProcess) -> None:
+            if not victim.alive():
+                stats["agent_crashes"] += 1  # it died on its own before we came
+            os.killpg(victim.proc.pid, signal.SIGKILL)
+            victim.proc.wait(10)
+            stats["kills"] += 1
+
         async def kill_loop() -> None:
             nonlocal worker
-            wall = duration
-            times = sorted(rng.uniform(5, wall - 15) for _ in range(kills))
-            t0 = time.monotonic()
-            for n, at in enumerate(times, 1):
+            plan = kill_plan(kills, duration, duration * OUTAGE_AT, outage_s, rng)
+            t0 = spawned = time.monotonic()
+            for n, (at, phase) in enumerate(plan, 1):
                 await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
-                if not worker.alive():
-                    stats["agent_crashes"] += 1
-                os.killpg(worker.proc.pid, signal.SIGKILL)
-                worker.proc.wait(10)
-                stats["kills"] += 1
-                killed = time.monotonic()
-                worker = WorkerProcess(wenv, logdir / f"worker-{tag}-{n}.log")
+                if phase == "outage":
+                    # strike while the backend is down: once the outage has begun, at a random
+                    # moment of what is left of it
+                    while not outage["until"] and time.monotonic() < t0 + duration:
+                        await asyncio.sleep(0.2)
+                    left = outage["until"] - time.time()
+                    if left > 1.0:
+                        await asyncio.sleep(rng.uniform(0.0, left - 1.0))
+                if phase == "starting":
+                    # the worker spawned by the kill before is importing or joining its group
+                    await asyncio.sleep(max(0.0, spawned + rng.uniform(0.5, 3.0) - time.monotonic()))
+                stats["kills_by_phase"][phase] += 1
+                if phase == "rebalance":
+                    # a second worker joins the group; the first is killed while the partitions
+                    # move, and the newcomer takes over all of them
+                    newcomer = WorkerProcess(wenv, logdir / f"worker-{tag}-{n}.log")
+                    await asyncio.sleep(rng.uniform(1.0, 4.0))
+                    kill(worker)
+                    killed = time.monotonic()
+                    worker = newcomer
+                else:
+                    kill(worker)
+                    killed = time.monotonic()
+                    worker = WorkerProcess(wenv, logdir / f"worker-{tag}-{n}.log")
+                spawned = time.monotonic()
+                if n < len(plan) and plan[n][1] == "starting":
+                    # the next kill strikes this worker while it starts (no wait for ready)
+                    say(f"chaos: kill {n}/{kills} ({phase}); the next one strikes the new worker while it starts")
+                    continue
                 ready = await asyncio.to_thread(_wait_ready, worker, 180)
                 stats["recovery_s"].append(time.monotonic() - killed if ready else None)
-                say(f"chaos: kill {n}/{kills}: " + (f"a new worker was ready {time.monotonic() - killed:.1f} s later"
-                                                     if ready else "the new worker was not ready within 180 s"))
+                say(f"chaos: kill {n}/{kills} ({phase}): " +
+                    (f"a worker was ready {time.monotonic() - killed:.1f} s later" if ready
+                     else "no worker was ready within 180 s"))
 
         async def broker_restart_once() -> None:
             if not broker_restart:
@@ -305,24 +385,26 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
             await asyncio.sleep(duration * 0.4)
             t = time.monotonic()
             say("chaos: restarting the broker")
-            await asyncio.to_thread(_kafka, "stop", env)
-            await asyncio.to_thread(_kafka, "start", env)
+            await asyncio.to_thread(kafka_script, "stop", env)
+            await asyncio.to_thread(kafka_script, "start", env)
             stats["broker_restarts"] += 1
             stats["broker_down_s"] = time.monotonic() - t
             say(f"chaos: broker back after {stats['broker_down_s']:.1f} s")
 
         async def backend_outage() -> None:
-            await asyncio.sleep(duration * 0.6)
-            say(f"chaos: the backend answers 503 for {outage_s:.0f} s")
-            outage["until"] = time.time() + outage_s
-            await asyncio.sleep(outage_s)
+            await asyncio.sleep(duration * OUTAGE_AT)
+            outage["armed"] = True
+            say(f"chaos: the backend will answer 503 for {outage_s:.0f} s from its next request")
+            while not outage["until"]:
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(max(0.0, outage["until"] - time.time()))
             say(f"chaos: the backend is back ({outage['refused']} requests refused meanwhile)")
 
         async def hostile_input() -> None:
             await asyncio.sleep(3)
-            while not fuzzer.templates:
+            while not fuzzer.ready():
                 await asyncio.sleep(0.5)
-            topics = [s.topic("telemetry.gpu"), s.topic("telemetry.network")]
+            topics = list(FUZZED)
             chunk = max(1, hostile // max(1, int(duration * 0.8)))
             # never past the scenario (plus a minute): a producer that cannot deliver after
             # the broker restart must not keep the run from reporting what got in
@@ -330,11 +412,14 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
             while stats["hostile_inputs"] < hostile and time.monotonic() < give_up:
                 n = min(chunk, hostile - stats["hostile_inputs"])
                 for _ in range(n):
+                    topic = rng.choice(topics)
+                    key, value = f"fuzz-{len(sent)}", fuzzer.one(topic)
                     try:
-                        await producer.send(rng.choice(topics), key=b"fuzz", value=fuzzer.one())
+                        await producer.send(s.topic(topic), key=key.encode(), value=value)
                     except KafkaError:
                         await asyncio.sleep(0.5)
                         continue
+                    sent[key] = (topic, _accepted(FUZZED[topic], value))
                     stats["hostile_inputs"] += 1
                     if stats["hostile_inputs"] % 20_000 == 0:
                         say(f"chaos: {stats['hostile_inputs']} hostile inputs sent")
@@ -352,11 +437,15 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
         last_say = 0.0
         while time.monotonic() < deadline:
             expected, decided = _verdicts(score(cluster, runner.verdicts, runner.actions))
-            if decided >= expected and time.time() > outage["until"] + 15:
+            refused = sum(1 for ok in sent.values() if not ok[1])
+            refused_dead = sum(1 for k, ok in sent.items() if not ok[1] and k in dead)
+            if decided >= expected and refused_dead >= refused and (not outage["armed"] or outage["until"]) \
+                    and time.time() > outage["until"] + 15:
                 break
             if time.monotonic() - last_say > 15:
                 last_say = time.monotonic()
-                say(f"chaos: {decided}/{expected} injected faults have their verdict")
+                say(f"chaos: {decided}/{expected} injected faults have their verdict; "
+                    f"{refused_dead}/{refused} refused hostile inputs dead-lettered")
             await asyncio.sleep(2)
         await asyncio.sleep(5)
         stop.set()
@@ -378,17 +467,38 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
         worker.stop()
         side.call_soon_threadsafe(side.stop)
     sc = score(cluster, runner.verdicts, runner.actions)
-    dup = _duplicates(applied)
+    truth = check(cluster.requests, faults_of(cluster, HARDWARE_KINDS), runner.actions)
+    crashes = crash_lines(sorted(logdir.glob(f"worker-{tag}-*.log")))
     rec = [x for x in stats["recovery_s"] if x is not None]
     expected, decided = _verdicts(sc)
+    refused = [k for k, (_, ok) in sent.items() if not ok]
+    by_topic: Counter[str] = Counter(t for t, _ in sent.values())
     result = {
-        "kills": stats["kills"], "broker_restarts": stats["broker_restarts"],
+        "kills": stats["kills"], "kills_by_phase": dict(stats["kills_by_phase"]), "broker_restarts": stats["broker_restarts"],
         "broker_down_s": round(stats["broker_down_s"], 1),
         "backend_outage_s": outage_s, "backend_refusals": outage["refused"],
-        "hostile_inputs": stats["hostile_inputs"], "hostile_kinds": dict(fuzzer.kinds),
-        "verdicts_expected": expected, "verdicts_lost": expected - decided,
-        "duplicate_actuations": len(dup), "duplicates": dup[:20],
+        "breaker_max_fraction": BREAKER_FRACTION,
+        # the backend's own log: what happened to the cluster
+        "backend_requests": truth["requests"], "backend_effects": truth["effects"],
+        "faulty_nodes": truth["faulty_nodes"],
+        "faulty_nodes_not_isolated": truth["faulty_nodes_not_isolated"],
+        "effects_lost": truth["effects_lost"],
+        "duplicate_effects": truth["duplicate_effects"], "duplicates": truth["duplicates"],
+        "healthy_nodes_touched": truth["healthy_nodes_touched"],
+        "jobs_moved_twice_or_more": {j: a for j, a in truth["job_moves"].items() if len(a) > 1},
+        # the hostile inputs, accounted for from the dead-letter topic
+        "hostile_inputs": stats["hostile_inputs"], "hostile_by_topic": dict(by_topic),
+        "hostile_keys": len(sent), "hostile_kinds": dict(fuzzer.kinds),
+        "sent": len(sent), "dead_lettered": sum(1 for k in sent if k in dead),
+        "accepted": sum(1 for k in sent if k not in dead),
+        "refused_by_decoder": len(refused),
+        "refused_not_dead_lettered": sum(1 for k in refused if k not in dead),
+        "dead_letter_reasons": dict(Counter(r.split(":")[0][:60] for r in dead.values()).most_common(12)),
+        # crashes seen from inside
+        "crash_lines": len(crashes), "crash_samples": crashes[:10],
         "agent_crashes": stats["agent_crashes"],
+        # the pipeline's own view, for comparison
+        "verdicts_expected": expected, "verdicts_decided": decided,
         "max_recovery_s": round(max(rec), 2) if rec else None,
         "median_recovery_s": round(sorted(rec)[len(rec) // 2], 2) if rec else None,
         "recoveries_failed": sum(1 for x in stats["recovery_s"] if x is None),
@@ -398,9 +508,12 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
-    for k in ("kills", "broker_restarts", "backend_outage_s", "hostile_inputs", "verdicts_expected", "verdicts_lost",
-              "duplicate_actuations", "agent_crashes", "max_recovery_s", "false_isolations"):
-        say(f"{k:<22} {result[k]}")
+    for k in ("kills", "broker_restarts", "backend_outage_s", "backend_effects", "faulty_nodes", "effects_lost",
+              "duplicate_effects", "hostile_inputs", "sent", "dead_lettered", "accepted", "refused_not_dead_lettered",
+              "crash_lines", "agent_crashes", "max_recovery_s"):
+        say(f"{k:<26} {result[k]}")
+    for m in result["faulty_nodes_not_isolated"]:
+        say(f"  not isolated: {m['node']} ({m['fault']}): {m['explained_by'] or 'NOT EXPLAINED'}")
     return result
 
 
@@ -428,22 +541,70 @@ def wait_ready_or_fail(worker: WorkerProcess, timeout: float) -> None:
         raise RuntimeError(f"worker not ready within {timeout}s:\n{worker.log_tail()}")
 
 
-def _duplicates(applied: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """State changes that happened twice: the same key applied twice, a node isolated again
-    without a return in between, a job attempt requeued or retried twice."""
-    dups = []
-    keys: Counter[str] = Counter(a["key"] for a in applied)
-    dups += [{"key": k, "times": n} for k, n in keys.items() if n > 1]
-    isolated: set[str] = set()
-    job_moves: Counter[tuple[str, int]] = Counter()
-    for a in applied:
-        if a["action"] == "isolate":
-            if a["target"] in isolated:
-                dups.append({"isolated_again": a["target"], "key": a["key"]})
-            isolated.add(a["target"])
-        elif a["action"] == "return":
-            isolated.discard(a["target"])
-        elif a["action"] in ("requeue", "retry", "restart") and a["attempt"] is not None:
-            job_moves[(a["target"], a["attempt"])] += 1
-    dups += [{"job": j, "attempt": n, "moved": c} for (j, n), c in job_moves.items() if c > 1]
-    return dups
+def kill_plan(kills: int, duration: float, outage_at: float, outage_s: float,
+              rng: random.Random) -> list[tuple[float, str]]:
+    """When to kill, and in which phase: a quarter each while starting, during a
+    rebalance and during the backend outage (the rest while running).  A ``starting``
+    kill follows the kill before it at once (it strikes the worker that replaced it)."""
+    n_start = n_reb = n_out = kills // 4
+    n_run = kills - n_start - n_reb - n_out
+    lo, hi = 5.0, max(6.0, duration - 15.0)
+    out_lo, out_hi = outage_at + 1.0, max(outage_at + 1.5, outage_at + outage_s - 1.0)
+
+    def outside() -> float:
+        while True:
+            t = rng.uniform(lo, hi)
+            if not out_lo - 3.0 <= t <= out_hi + 3.0 or outage_s <= 0:
+                return t
+
+    timed = sorted([(outside(), "running") for _ in range(n_run)] + [(outside(), "rebalance") for _ in range(n_reb)]
+                   + [(rng.uniform(out_lo, out_hi), "outage") for _ in range(n_out)])
+    # each starting kill right after a kill that starts a new worker (not a rebalance's)
+    hosts = [i for i, (_, p) in enumerate(timed) if p != "rebalance"]
+    after = set(rng.sample(hosts, min(n_start, len(hosts))))
+    plan: list[tuple[float, str]] = []
+    for i, (t, p) in enumerate(timed):
+        plan.append((t, p))
+        if i in after:
+            plan.append((t + rng.uniform(0.5, 3.0), "starting"))  # the new worker is importing, joining
+    return plan
+
+
+def _accepted(model: Any, value: bytes) -> bool:
+    """Whether the worker's decoder takes ``value`` as a ``model`` record."""
+    try:
+        decode(model, value)
+    except DecodeError:
+        return False
+    return True
+
+
+def crash_lines(logs: list[Path]) -> list[str]:
+    """Lines of the worker logs that say something crashed inside a worker (a traceback's
+    first line, a crashed agent, an exception no task retrieved), as ``file: line``."""
+    out = []
+    for path in logs:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        out += [f"{path.name}: {line.strip()[:300]}" for line in text.splitlines()
+                if any(m in line for m in CRASH_MARKERS)]
+    return out
+
+
+def failures(r: dict[str, Any]) -> list[str]:
+    """What makes a chaos run fail, judged from the backend's log, the dead-letter topic and
+    the worker logs."""
+    checks = [
+        (r["effects_lost"] == 0, f"{r['effects_lost']} faulty nodes left in service with no breaker or dry-run record"),
+        (r["duplicate_effects"] == 0, f"{r['duplicate_effects']} duplicate effects on the backend"),
+        (not r["healthy_nodes_touched"], f"{len(r['healthy_nodes_touched'])} healthy nodes cordoned"),
+        (r["crash_lines"] == 0, f"{r['crash_lines']} crash lines in the worker logs"),
+        (r["agent_crashes"] == 0, f"{r['agent_crashes']} workers died on their own"),
+        (r["refused_not_dead_lettered"] == 0,
+         f"{r['refused_not_dead_lettered']} refused hostile inputs missing from the dead-letter topic"),
+        (r["sent"] == r["dead_lettered"] + r["accepted"], "hostile inputs do not add up"),
+        (r["recoveries_failed"] == 0, f"{r['recoveries_failed']} restarted workers never became ready"),
+    ]
+    return [why for ok, why in checks if not ok]

@@ -84,23 +84,23 @@ def test_the_breaker_window_moves_to_the_surviving_worker(kafka_bootstrap) -> No
     _storm_across(kafka_bootstrap, join_then_die)
 
 
-def test_a_short_chaos_run_loses_no_verdict_and_changes_nothing_twice(kafka_bootstrap, tmp_path) -> None:
-    """``make chaos`` in small: a seeded 16-node scenario with every demo fault while the
-    worker is SIGKILLed 3 times, the backend answers 503 for 15 s and 3,000 fuzzed
-    messages arrive; the broker is shared with the other tests, so it is not restarted
-    here (the full run does that)."""
-    from pipeline.eval.chaos import run
+def test_the_chaos_run_of_the_readme_in_small_with_its_own_broker_restarted(tmp_path, monkeypatch) -> None:
+    """``make chaos`` in small, on the same path: its own broker (started by
+    ``deploy/kafka.sh`` in a state directory of its own, then restarted during the run), a
+    seeded 16-node scenario with every demo fault, 4 worker kills (one while the worker
+    runs, one while it starts, one during a rebalance, one during a 30 s backend outage)
+    and 3,000 hostile inputs over every telemetry topic.  Judged as ``make chaos`` judges:
+    from the backend's own log, the dead-letter topic and the worker logs."""
+    from pipeline.eval.chaos import failures, run
 
+    monkeypatch.setenv("FLEETMEDIC_STATE", str(tmp_path / "state"))
     out = tmp_path / "chaos.json"
-    r = run(nodes=16, duration=100, speed=6, kills=3, outage_s=15, hostile=3000, seed=3, broker_restart=False,
-            bootstrap=kafka_bootstrap, out=out, say=lambda *a: None)
+    r = run(nodes=16, duration=100, speed=6, kills=4, outage_s=30, hostile=3000, seed=3, broker_restart=True,
+            out=out, say=lambda *a: None)
     assert out.exists()
-    assert r["kills"] == 3
-    assert r["hostile_inputs"] == 3000
+    assert (r["kills"], r["broker_restarts"], r["hostile_inputs"]) == (4, 1, 3000)
+    assert r["kills_by_phase"] == {"running": 1, "starting": 1, "rebalance": 1, "outage": 1}
+    assert set(r["hostile_by_topic"]) == {"telemetry.gpu", "telemetry.network", "telemetry.job"}
     assert r["backend_refusals"] > 0, "the outage refused nothing: the backend was never called during it"
-    assert r["verdicts_expected"] >= 3
-    assert r["verdicts_lost"] == 0, r["scenario"]
-    assert r["duplicate_actuations"] == 0, r["duplicates"]
-    assert r["agent_crashes"] == 0
-    assert r["recoveries_failed"] == 0
-    assert r["false_isolations"] == 0, r["scenario"]
+    assert r["faulty_nodes"] >= 2 and r["refused_by_decoder"] > 2000
+    assert failures(r) == [], (failures(r), r["faulty_nodes_not_isolated"], r["duplicates"], r["crash_samples"])
