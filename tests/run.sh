@@ -16,7 +16,7 @@ cleanup() {
 trap cleanup EXIT
 echo "== layer contracts"
 .venv/bin/lint-imports
-echo "== types (mypy --strict: detectors, schemas, actuators, the correlator's and actuation's cores)"
+echo "== types (mypy --strict: detectors, schemas, actuators, pipeline/correlate, pipeline/actuate)"
 "$PY" -m mypy
 echo "== starting Kafka"
 FLEETMEDIC_BOOTSTRAP=$(bash deploy/kafka.sh start | tail -n1)

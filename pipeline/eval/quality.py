@@ -14,11 +14,11 @@ after 20-40 minutes.
 
 GPU telemetry comes every 5 simulated seconds, network every 5 s.  The run goes at
 ``speed`` x real time (25 by default; at 50x the worker's event loop, busy with 512
-nodes' telemetry, starved the correlator agents), so the pipeline's wall-clock waits grow in
-simulated time: a job failure without node evidence waits the correlation grace (3 s
-of wall time, the default) before it is judged, 75 simulated seconds at 25x, and the
-delays of job verdicts include it.  (The closed loop and the in-process path count the
-grace in event time: 3 simulated seconds.)
+nodes' telemetry, starved the correlator agents).  The correlation grace runs on event
+time in every caller (the telemetry watermark, docs/decisions/0012): a job failure
+without node evidence is judged once the watermark, as it was ``policy.correlation_lag_s``
+of wall time ago, has passed the grace's end (3 simulated seconds); that lag is the only
+wall-clock wait in a job verdict's delay, and it grows in simulated time with the speed.
 
 ``inprocess=True`` runs the same scenario through :class:`pipeline.eval.inproc.InProcessLoop`
 (the same detection and correlator code, no Kafka): quick, for checking the harness.
