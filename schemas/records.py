@@ -361,7 +361,8 @@ class JobEvent(Record):
     job: str = Field(min_length=1, max_length=253)
     event: JobEventKind
     scheduler: str = Field("sim", max_length=64, description="kubernetes, slurm or sim")
-    nodes: list[NodeName] = Field([], max_length=100000)
+    nodes: list[NodeName] = Field([], max_length=100000, json_schema_extra={"uniqueItems": True},
+                                  description="the job's nodes, each once")
     attempt: int = Field(1, ge=1, le=100000)
     step: int | None = Field(None, ge=0, le=MAX_COUNTER)
     step_time: float | None = Field(None, ge=0.0, le=86400.0, description="seconds per step, job-wide")
@@ -383,6 +384,13 @@ class JobEvent(Record):
     diagnostics_for: NodeName | None = Field(
         None, description="set on diagnostics jobs: the node under test (its outcome returns or fails the node)"
     )
+
+    @model_validator(mode="after")
+    def _nodes_once(self) -> JobEvent:
+        # a node listed twice is no job's placement; each listing would become a notice
+        if len(set(self.nodes)) != len(self.nodes):
+            raise ValueError("nodes: a node is listed more than once")
+        return self
 
 
 # --------------------------------------------------------------------------- decisions

@@ -130,3 +130,27 @@ def test_dead_letter_truncates_the_payload_and_keeps_the_reason() -> None:
 def test_dead_letter_keeps_undecodable_bytes_as_text() -> None:
     dl = dead_letter(source_topic="t", reason="invalid JSON", payload=b"\xff\xfe{", ts=1.0)
     assert dl.payload.endswith("{")
+
+
+def test_a_job_that_lists_a_node_twice_is_refused_by_the_record_and_its_json_schema() -> None:
+    """Found by the chaos fuzzer: one node listed 20,000 times was accepted, and its start
+    became 20,000 placement notices, which starved the job and node tracks."""
+    import json
+    from pathlib import Path
+
+    import jsonschema
+    import orjson
+
+    from schemas import JobEvent
+    from schemas.codec import DecodeError, decode
+
+    rec = {"schema": "job/1", "ts": 1.8e9, "job": "j", "event": "started", "scheduler": "sim",
+           "nodes": ["n1"] * 20000, "attempt": 1}
+    with pytest.raises(DecodeError, match="listed more than once"):
+        decode(JobEvent, orjson.dumps(rec))
+    schema = json.loads((Path(__file__).resolve().parents[3] / "schemas/json/job.schema.json").read_text())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(rec, schema)
+    ok = {**rec, "nodes": ["n1", "n2"]}
+    assert decode(JobEvent, orjson.dumps(ok)).nodes == ["n1", "n2"]
+    jsonschema.validate(ok, schema)
