@@ -17,7 +17,7 @@ help:
 	@echo "make eval-nab - the univariate detector on the Numenta Anomaly Benchmark with a verified scorer (bench/results/nab.json)"
 	@echo "make eval-failures - real failure output (tests/data/failures) through the job and node tracks (bench/results/failures.json)"
 	@echo "make eval-network - the network track on 256 nodes / 8 leaf switches / 500 faults (bench/results/network.json)"
-	@echo "make chaos  - 22 worker kills, a broker restart, a 60 s backend outage, 100,000 fuzzed messages (bench/results/chaos.json)"
+	@echo "make chaos  - 60 faults, 22 worker kills, 2 broker kills of 3, a 60 s backend outage, 100,000 fuzzed messages (bench/results/chaos.json)"
 	@echo "make lint   - layer contracts (import-linter) and types (mypy --strict on the pyproject's files)"
 
 $(STAMP): pyproject.toml

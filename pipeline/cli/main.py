@@ -10,7 +10,7 @@
     fleetmedic eval-nab    the univariate detector on the Numenta Anomaly Benchmark, with a verified scorer
     fleetmedic eval-network the network track on a seeded fabric scenario suite
     fleetmedic eval-failures real failure output replayed through the job and node tracks, scored
-    fleetmedic chaos       kills, a broker restart, a backend outage and fuzzing during a scenario
+    fleetmedic chaos       worker and broker kills, a backend outage and fuzzing during a scenario
     fleetmedic bench       throughput, latency, scale-out and memory against a baseline consumer
     fleetmedic record      write the input topics (telemetry and job events) to a recording (JSON Lines)
     fleetmedic replay      send a recording to the input topics, paced by event time at any speed
@@ -388,8 +388,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     from pipeline.eval.chaos import failures, run
 
     r = run(nodes=args.nodes, duration=args.duration, speed=args.speed, kills=args.kills, outage_s=args.outage,
-            hostile=args.hostile, seed=args.seed, broker_restart=not args.no_broker_restart, out=Path(args.out),
-            say=lambda *a: print(*a, file=sys.stderr, flush=True))
+            hostile=args.hostile, seed=args.seed, broker_restart=not args.no_broker_restart, brokers=args.brokers,
+            faults=args.faults, out=Path(args.out), say=lambda *a: print(*a, file=sys.stderr, flush=True))
     print(f"results: {args.out}", file=sys.stderr)
     failed = failures(r)
     for why in failed:
@@ -646,15 +646,25 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "network.json"), help="JSON output path")
     sp.set_defaults(func=cmd_eval_network)
 
-    sp = sub.add_parser("chaos", help="kill workers, restart the broker, take the backend down, fuzz; compare (JSON)")
-    sp.add_argument("--nodes", type=int, default=32)
+    sp = sub.add_parser("chaos", help="kill workers and brokers, take the backend down, fuzz; judge from the backend's log (JSON)",
+                        description="A seeded fleet scenario on a real Kafka under fire: worker SIGKILLs in every phase "
+                                    "(running, starting, rebalance, backend outage, a drain blocked by a "
+                                    "PodDisruptionBudget, just after dry-run is switched on), SIGKILL of a follower and "
+                                    "of the leader of the verdicts topic on a 3-broker cluster, a backend outage and "
+                                    "hostile input on every telemetry topic. Judged from the backend's own request "
+                                    "log, the dead-letter topic and the worker logs; exit 1 when a check fails.")
+    sp.add_argument("--nodes", type=int, default=96, help="simulated fleet size (default 96)")
+    sp.add_argument("--faults", type=int, default=60,
+                    help="faults injected, every node and job kind in turn (default 60)")
+    sp.add_argument("--brokers", type=int, default=3,
+                    help="Kafka nodes: 3 (default) kills a follower and a leader; 1 restarts the single broker")
     sp.add_argument("--duration", type=float, default=400.0, help="wall seconds of the scenario (default 400)")
     sp.add_argument("--speed", type=float, default=3.0, help="simulated seconds per wall second (default 3)")
-    sp.add_argument("--kills", type=int, default=22, help="SIGKILLs of the worker at random moments (default 22)")
+    sp.add_argument("--kills", type=int, default=22, help="SIGKILLs of the worker over every phase (default 22)")
     sp.add_argument("--outage", type=float, default=60.0, help="seconds the backend answers 503 (default 60)")
     sp.add_argument("--hostile", type=int, default=100_000, help="fuzzed malformed messages (default 100000)")
     sp.add_argument("--seed", type=int, default=1)
-    sp.add_argument("--no-broker-restart", action="store_true")
+    sp.add_argument("--no-broker-restart", action="store_true", help="leave the brokers alone")
     sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "chaos.json"), help="JSON output path")
     sp.set_defaults(func=cmd_chaos)
 

@@ -2,10 +2,15 @@
 
 While the simulated cluster streams telemetry and injects its faults, the harness
 
-* kills the worker with SIGKILL at random moments (``kills`` times) and starts a new
-  one at once, measuring how long each takes to be ready again (table recovery from
-  the changelogs included);
-* restarts the broker once (``deploy/kafka.sh stop`` / ``start``, same port);
+* kills the worker with SIGKILL (``kills`` times) and starts a new one at once,
+  measuring how long each takes to be ready again (table recovery from the changelogs
+  included), in every phase of :data:`KILL_PHASES`: while it runs, while it starts,
+  during a rebalance, during the backend outage, while a drain waits on a
+  PodDisruptionBudget, and just after an operator switched dry-run on;
+* on a 3-broker cluster (``deploy/kafka.sh`` with ``KAFKA_BROKERS=3``, replication
+  factor 3, ``min.insync.replicas=2``, producers with ``acks=all``) kills a follower and
+  then the leader of the ``verdicts`` topic's first partition with SIGKILL, under load,
+  and restarts each; on a single broker it restarts that one;
 * takes the backend (the simulated cluster's API) down for ``outage_s`` seconds: it
   answers 503, actions wait with backoff and are applied when it returns;
 * writes ``hostile`` malformed messages from a grammar-based mutation fuzzer
@@ -17,7 +22,9 @@ Then it judges what happened from outside the pipeline:
 * the backend's own request log (:mod:`pipeline.eval.groundtruth`): every faulty node
   cordoned or, if not, the breaker's or dry-run's record that says why
   (``effects_lost`` counts the others); no second effect on one target for one incident,
-  whatever the key (``duplicate_effects``); no healthy node cordoned;
+  whatever the key (``duplicate_effects``); no healthy node cordoned; no effect while
+  dry-run was on (``effects_in_dry_run``); every drain the budget refused done once it
+  was relaxed (``blocked_drains_not_done``);
 * the dead-letter topic: every hostile input that the decoder refuses is there with its
   reason (``refused_not_dead_lettered``), and ``sent = dead_lettered + accepted``;
 * every worker's log: tracebacks, crashed agents and unretrieved task exceptions
@@ -36,6 +43,8 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -49,7 +58,7 @@ from schemas import GpuSample, JobEvent, NetworkSample
 from schemas.codec import DecodeError, decode
 
 from pipeline.config import load_settings, state_dir
-from pipeline.eval.groundtruth import check, faults_of
+from pipeline.eval.groundtruth import blocked_drains, check, faults_of
 from pipeline.sim.cluster import HARDWARE_KINDS, SimConfig, score
 from pipeline.sim.run import SimRunner
 from pipeline.worker.procs import KAFKA_SH, WorkerProcess, free_port, kafka_script
@@ -59,8 +68,19 @@ from pipeline.worker.topics import ensure_topics
 #: demo's faults are still being injected, so that actions meet it)
 OUTAGE_AT = 0.2
 #: the moments a worker is killed at: while it runs, while it starts (before it is ready),
-#: while a second worker joins its group (a rebalance), and while the backend is down
-KILL_PHASES = ("running", "starting", "rebalance", "outage")
+#: while a second worker joins its group (a rebalance), while the backend is down, while a
+#: drain waits on a PodDisruptionBudget, and just after an operator switched dry-run on
+KILL_PHASES = ("running", "starting", "rebalance", "outage", "drain_blocked", "dry_run")
+#: when the windows of the last two phases open, as shares of the scenario's duration (one
+#: of each per ten kills, at least one of each from six kills)
+WINDOWS = {"drain_blocked": (0.38, 0.62), "dry_run": (0.5, 0.75)}
+#: when a broker of the 3-broker cluster is killed (a follower of verdicts' first
+#: partition, then its leader), as shares of the duration, and how long each stays down
+BROKER_KILLS = (("follower", 0.4), ("leader", 0.65))
+BROKER_DOWN_S = 20.0
+#: the request log's effects this long after dry-run was switched on are its breaches (an
+#: action already on its way when the switch came may land within it)
+DRY_RUN_GRACE_S = 1.0
 #: the breaker's share of the fleet in a chaos run
 BREAKER_FRACTION = 0.5
 #: the topics the fuzzer writes to, and the record each must hold
@@ -195,19 +215,23 @@ async def _send(producer: AIOKafkaProducer, batch: list[tuple[str, bytes | None,
             await asyncio.sleep(0.5)
 
 
-def run(*, nodes: int = 32, duration: float = 400.0, speed: float = 3.0, kills: int = 22, outage_s: float = 60.0,
-        hostile: int = 100_000, seed: int = 1, broker_restart: bool = True, out: Path | None = None,
-        bootstrap: str | None = None, say=print) -> dict[str, Any]:
-    """Run the scenario; ``bootstrap`` uses that broker as it is (no broker restart then),
-    else ``deploy/kafka.sh`` starts (and afterwards stops) the embedded one."""
+def run(*, nodes: int = 96, duration: float = 400.0, speed: float = 3.0, kills: int = 22, outage_s: float = 60.0,
+        hostile: int = 100_000, seed: int = 1, broker_restart: bool = True, brokers: int = 3, faults: int = 60,
+        out: Path | None = None, bootstrap: str | None = None, say=print) -> dict[str, Any]:
+    """Run the scenario; ``bootstrap`` uses that broker as it is (no broker kills then),
+    else ``deploy/kafka.sh`` starts (and afterwards stops) an embedded one of ``brokers``
+    nodes (1, or 3 and more for a replicated cluster).  ``faults``: how many faults the
+    scenario injects, every kind of :data:`pipeline.sim.cluster.CHAOS_KINDS` in turn."""
+    if brokers != 1 and brokers < 3:
+        raise ValueError("chaos: brokers must be 1 or at least 3 (a quorum that survives one loss)")
     state = state_dir("chaos")
-    env = {**os.environ, "FLEETMEDIC_STATE": str(state)}
+    env = {**os.environ, "FLEETMEDIC_STATE": str(state), "KAFKA_BROKERS": str(brokers)}
     # the harness's own clients would log every failed reconnect while the broker restarts
     # (hundreds of lines); the report carries the restart and its length instead
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     scenario = functools.partial(_run, env, nodes=nodes, duration=duration, speed=speed, kills=kills,
                                  outage_s=outage_s, hostile=hostile, seed=seed, broker_restart=broker_restart,
-                                 out=out, say=say, state=state)
+                                 brokers=brokers, faults=faults, out=out, say=say, state=state)
     if bootstrap:
         if broker_restart:
             raise ValueError("chaos: a broker given by its address cannot be restarted by the harness")
@@ -222,8 +246,8 @@ def run(*, nodes: int = 32, duration: float = 400.0, speed: float = 3.0, kills: 
 
 
 def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, speed: float, kills: int,
-         outage_s: float, hostile: int, seed: int, broker_restart: bool, out: Path | None, say: Any,
-         state: Path) -> dict[str, Any]:
+         outage_s: float, hostile: int, seed: int, broker_restart: bool, brokers: int, faults: int,
+         out: Path | None, say: Any, state: Path) -> dict[str, Any]:
     api_port = free_port()
     tag = uuid.uuid4().hex[:6]
     wenv = {**env, "FLEETMEDIC_KAFKA__BOOTSTRAP": bootstrap, "FLEETMEDIC_KAFKA__TOPIC_PREFIX": f"chaos{tag}.",
@@ -231,6 +255,8 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
             "FLEETMEDIC_ACTUATORS__SIM_URL": f"http://127.0.0.1:{api_port}",
             "FLEETMEDIC_ACTUATORS__MAX_ATTEMPTS": "100", "FLEETMEDIC_ACTUATORS__MAX_DELAY_S": "5",
             "FLEETMEDIC_SAFETY__FLEET_SIZE": str(nodes), "FLEETMEDIC_WORKER__LOG_LEVEL": "warning",
+            # every topic on every broker of a cluster (its brokers ask two in-sync replicas)
+            "FLEETMEDIC_KAFKA__REPLICATION": str(3 if brokers >= 3 else 1),
             # the scenario strikes a large share of a small fleet on purpose: the breaker lets
             # every isolation through (its cap is tested on its own), so that the backend is
             # called for each and the checker can judge each effect
@@ -241,7 +267,7 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
     asyncio.run(ensure_topics(s))
     logdir = state / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
-    cfg = SimConfig(nodes=nodes, speed=speed, duration=duration, seed=seed, faults="demo")
+    cfg = SimConfig(nodes=nodes, speed=speed, duration=duration, seed=seed, faults=f"chaos:{faults}")
     runner = SimRunner(s, cfg, api_port=api_port, out=open(os.devnull, "w"), show_anomalies=False)
     cluster = runner.cluster
     # the outage is armed at OUTAGE_AT of the run and begins with the next call to the
@@ -273,10 +299,15 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
 
     asyncio.run_coroutine_threadsafe(runner.start_api(), side).result(30)
     stats: dict[str, Any] = {"kills": 0, "kills_by_phase": Counter(), "agent_crashes": 0, "recovery_s": [], "broker_restarts": 0,
-                             "broker_down_s": 0.0, "hostile_inputs": 0}
-    say(f"chaos: {nodes} nodes for {duration:.0f} s at {speed:g}x: {kills} worker kills, "
-        f"{'a broker restart, ' if broker_restart else ''}a {outage_s:.0f} s backend outage, {hostile} hostile inputs "
-        f"(worker logs in {logdir})")
+                             "broker_down_s": 0.0, "hostile_inputs": 0, "broker_kills": [],
+                             # (wall time dry-run was on, wall time it was switched off, held after the kill)
+                             "dry_run_windows": [],
+                             # (wall time the budget blocked drains, wall time relaxed, a drain met the block)
+                             "drain_block_windows": []}
+    broker_step = ("" if not broker_restart else "a broker restart, " if brokers == 1
+                   else f"SIGKILL of a follower and of a leader of {brokers} brokers, ")
+    say(f"chaos: {nodes} nodes for {duration:.0f} s at {speed:g}x, {faults} faults: {kills} worker kills, "
+        f"{broker_step}a {outage_s:.0f} s backend outage, {hostile} hostile inputs (worker logs in {logdir})")
     worker = WorkerProcess(wenv, logdir / f"worker-{tag}-0.log")
     wait_ready_or_fail(worker, 120)
     fuzzer = Fuzzer(seed)
@@ -288,7 +319,7 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
 
     async def main() -> None:
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, request_timeout_ms=15000,
-                                    max_request_size=2 * 1024 * 1024)
+                                    max_request_size=2 * 1024 * 1024, acks="all")
         await producer.start()
         follower = AIOKafkaConsumer(s.topic("verdicts"), s.topic("actions"), s.topic("deadletter"),
                                     bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
@@ -338,12 +369,62 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
             victim.proc.wait(10)
             stats["kills"] += 1
 
+        def set_drain_block(on: bool) -> None:
+            on_side(lambda: [setattr(node, "drain_blocked", on) for node in cluster.nodes.values()])
+
+        async def open_window(phase: str) -> None:
+            """Before a window's kill: the budget blocks every drain until a drain meets it
+            (or a minute passes), or an operator switches dry-run on through the API."""
+            if phase == "drain_blocked":
+                since = time.time()
+                set_drain_block(True)
+                stats["drain_block_windows"].append([since, None, False])
+                say("chaos: every drain now meets a PodDisruptionBudget (429)")
+                while time.time() < since + 60:
+                    if any(r["action"] == "drain" and r["status"] == 429 and r["wall"] >= since
+                           for r in list(cluster.requests)):
+                        stats["drain_block_windows"][-1][2] = True
+                        break
+                    await asyncio.sleep(0.2)
+                await asyncio.sleep(rng.uniform(1.0, 3.0))
+            elif phase == "dry_run":
+                await asyncio.to_thread(_api, worker, "PUT", "/api/v1/dry-run", {"enabled": True})
+                stats["dry_run_windows"].append([time.time(), None, None])
+                say("chaos: an operator switched dry-run on")
+                await asyncio.sleep(rng.uniform(0.2, 1.5))
+
+        async def close_window(phase: str) -> None:
+            """After the new worker is ready: dry-run must still be on; then both windows
+            stay open a little longer (the drain keeps waiting) and close."""
+            if phase == "dry_run":
+                state = await asyncio.to_thread(_api, worker, "GET", "/api/v1/dry-run")
+                stats["dry_run_windows"][-1][2] = bool(state.get("dry_run"))
+                await asyncio.sleep(10.0)
+                stats["dry_run_windows"][-1][1] = time.time()
+                await asyncio.to_thread(_api, worker, "PUT", "/api/v1/dry-run", {"enabled": False})
+                say(f"chaos: dry-run {'held' if stats['dry_run_windows'][-1][2] else 'WAS LOST'} across the kill; "
+                    "switched off")
+            elif phase == "drain_blocked":
+                await asyncio.sleep(10.0)
+                set_drain_block(False)
+                window = stats["drain_block_windows"][-1]
+                window[1] = time.time()
+                # the next window opens once the drains that waited are done (or a minute
+                # passed: the checker then reports them), so that no dry-run overtakes them
+                left = blocked_drains(list(cluster.requests), [(window[0], window[1])])["not_done"]
+                while left and time.time() < window[1] + 60:
+                    await asyncio.sleep(0.5)
+                    left = blocked_drains(list(cluster.requests), [(window[0], window[1])])["not_done"]
+                say(f"chaos: the PodDisruptionBudget is relaxed; the drains that waited are "
+                    f"{'done' if not left else f'NOT done ({len(left)})'} {time.time() - window[1]:.1f} s later")
+
         async def kill_loop() -> None:
             nonlocal worker
             plan = kill_plan(kills, duration, duration * OUTAGE_AT, outage_s, rng)
             t0 = spawned = time.monotonic()
             for n, (at, phase) in enumerate(plan, 1):
                 await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
+                await open_window(phase)
                 if phase == "outage":
                     # strike while the backend is down: once the outage has begun, at a random
                     # moment of what is left of it
@@ -378,9 +459,34 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
                 say(f"chaos: kill {n}/{kills} ({phase}): " +
                     (f"a worker was ready {time.monotonic() - killed:.1f} s later" if ready
                      else "no worker was ready within 180 s"))
+                if ready:
+                    await close_window(phase)
+                elif phase == "drain_blocked":
+                    set_drain_block(False)
+
+        async def broker_kills() -> None:
+            """A follower, then the leader, of the verdicts topic's first partition: SIGKILL
+            under load, down for BROKER_DOWN_S, then started again."""
+            t0 = time.monotonic()
+            for role, share in BROKER_KILLS:
+                await asyncio.sleep(max(0.0, t0 + duration * share - time.monotonic()))
+                leader, replicas = await _placement(bootstrap, s.topic("verdicts"))
+                victim = leader if role == "leader" else next(r for r in replicas if r != leader)
+                say(f"chaos: SIGKILL of broker {victim}, the {role} of {s.topic('verdicts')}[0]")
+                t = time.monotonic()
+                await asyncio.to_thread(kafka_script, "kill", env, str(victim))
+                await asyncio.sleep(BROKER_DOWN_S)
+                await asyncio.to_thread(kafka_script, "start", env)
+                after, _ = await _placement(bootstrap, s.topic("verdicts"))
+                stats["broker_kills"].append({"broker": victim, "role": role, "was_leader": leader,
+                                              "leader_after": after, "down_s": round(time.monotonic() - t, 1)})
+                say(f"chaos: broker {victim} back after {time.monotonic() - t:.1f} s (leader now {after})")
 
         async def broker_restart_once() -> None:
             if not broker_restart:
+                return
+            if brokers > 1:
+                await broker_kills()
                 return
             await asyncio.sleep(duration * 0.4)
             t = time.monotonic()
@@ -473,9 +579,25 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
     expected, decided = _verdicts(sc)
     refused = [k for k, (_, ok) in sent.items() if not ok]
     by_topic: Counter[str] = Counter(t for t, _ in sent.values())
+    dry = [(on, off) for on, off, _ in stats["dry_run_windows"] if off is not None]
+    in_dry = [r for r in cluster.requests if r.get("changed")
+              and any(on + DRY_RUN_GRACE_S < r["wall"] < off for on, off in dry)]
+    blocked = blocked_drains(cluster.requests, [(a, b) for a, b, _ in stats["drain_block_windows"]])
     result = {
+        "brokers": brokers,
         "kills": stats["kills"], "kills_by_phase": dict(stats["kills_by_phase"]), "broker_restarts": stats["broker_restarts"],
         "broker_down_s": round(stats["broker_down_s"], 1),
+        "broker_kills": len(stats["broker_kills"]), "broker_kill_log": stats["broker_kills"],
+        "faults_injected": sc["faults_injected"],
+        "faults_by_kind": dict(Counter(f.kind for f in cluster.faults if f.applied_ts is not None)),
+        # operator dry-run: switched on, a worker killed just after, still on in its successor
+        "dry_run_windows": len(stats["dry_run_windows"]),
+        "dry_run_lost_across_kill": sum(1 for *_, held in stats["dry_run_windows"] if held is False),
+        "effects_in_dry_run": len(in_dry), "effects_in_dry_run_samples": in_dry[:5],
+        # drains refused by a PodDisruptionBudget while a worker was killed
+        "drain_block_windows": len(stats["drain_block_windows"]),
+        "drain_blocks_met": sum(1 for *_, met in stats["drain_block_windows"] if met),
+        "blocked_drains": len(blocked["blocked"]), "blocked_drains_not_done": blocked["not_done"],
         "backend_outage_s": outage_s, "backend_refusals": outage["refused"],
         "breaker_max_fraction": BREAKER_FRACTION,
         # the backend's own log: what happened to the cluster
@@ -508,13 +630,52 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
-    for k in ("kills", "broker_restarts", "backend_outage_s", "backend_effects", "faulty_nodes", "effects_lost",
-              "duplicate_effects", "hostile_inputs", "sent", "dead_lettered", "accepted", "refused_not_dead_lettered",
-              "crash_lines", "agent_crashes", "max_recovery_s"):
+    for k in ("kills", "broker_restarts", "broker_kills", "backend_outage_s", "faults_injected", "backend_effects",
+              "faulty_nodes", "effects_lost", "duplicate_effects", "effects_in_dry_run", "dry_run_lost_across_kill",
+              "drain_blocks_met", "blocked_drains", "hostile_inputs", "sent", "dead_lettered", "accepted",
+              "refused_not_dead_lettered", "crash_lines", "agent_crashes", "median_recovery_s", "max_recovery_s"):
         say(f"{k:<26} {result[k]}")
     for m in result["faulty_nodes_not_isolated"]:
         say(f"  not isolated: {m['node']} ({m['fault']}): {m['explained_by'] or 'NOT EXPLAINED'}")
     return result
+
+
+def _api(worker: WorkerProcess, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A call to the worker's operator API, as an operator's client makes it (retried while
+    the worker is briefly unreachable)."""
+    data = orjson.dumps(body) if body is not None else None
+    req = urllib.request.Request(f"http://127.0.0.1:{worker.web_port}{path}", data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    for attempt in range(20):
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read())
+        except (urllib.error.URLError, TimeoutError, ConnectionError):
+            if attempt == 19:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+async def _placement(bootstrap: str, topic: str) -> tuple[int, list[int]]:
+    """The leader and the replicas of ``topic``'s partition 0, from the cluster's metadata
+    (asked again while a leader election is under way)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    for _ in range(60):
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+        try:
+            await admin.start()
+            for t in await admin.describe_topics([topic]):
+                for part in t.get("partitions", []):
+                    if part["partition"] == 0 and part["leader"] >= 0:
+                        return int(part["leader"]), [int(r) for r in part["replicas"]]
+        except KafkaError:
+            pass
+        finally:
+            await admin.close()
+        await asyncio.sleep(1.0)
+    raise RuntimeError(f"chaos: no leader for {topic}[0] within a minute")
 
 
 def _verdicts(sc: dict[str, Any]) -> tuple[int, int]:
@@ -543,11 +704,17 @@ def wait_ready_or_fail(worker: WorkerProcess, timeout: float) -> None:
 
 def kill_plan(kills: int, duration: float, outage_at: float, outage_s: float,
               rng: random.Random) -> list[tuple[float, str]]:
-    """When to kill, and in which phase: a quarter each while starting, during a
-    rebalance and during the backend outage (the rest while running).  A ``starting``
-    kill follows the kill before it at once (it strikes the worker that replaced it)."""
-    n_start = n_reb = n_out = kills // 4
-    n_run = kills - n_start - n_reb - n_out
+    """When to kill, and in which phase.  From six kills, one kill per ten (at least one)
+    each opens a PodDisruptionBudget window and a dry-run window (:data:`WINDOWS`); of
+    the rest a quarter each strike while starting, during a rebalance and during the
+    backend outage, and the others while running.  A ``starting`` kill follows the kill
+    before it at once (it strikes the worker that replaced it)."""
+    n_win = max(1, kills // 10) if kills >= 6 else 0
+    windows = [(duration * WINDOWS[ph][i % len(WINDOWS[ph])], ph) for ph in ("drain_blocked", "dry_run")
+               for i in range(n_win)]
+    rest = kills - len(windows)
+    n_start = n_reb = n_out = rest // 4
+    n_run = rest - n_start - n_reb - n_out
     lo, hi = 5.0, max(6.0, duration - 15.0)
     out_lo, out_hi = outage_at + 1.0, max(outage_at + 1.5, outage_at + outage_s - 1.0)
 
@@ -558,9 +725,10 @@ def kill_plan(kills: int, duration: float, outage_at: float, outage_s: float,
                 return t
 
     timed = sorted([(outside(), "running") for _ in range(n_run)] + [(outside(), "rebalance") for _ in range(n_reb)]
-                   + [(rng.uniform(out_lo, out_hi), "outage") for _ in range(n_out)])
-    # each starting kill right after a kill that starts a new worker (not a rebalance's)
-    hosts = [i for i, (_, p) in enumerate(timed) if p != "rebalance"]
+                   + [(rng.uniform(out_lo, out_hi), "outage") for _ in range(n_out)] + windows)
+    # each starting kill right after a kill that starts a new worker at once (not a
+    # rebalance's, nor a window's: those wait for the new worker)
+    hosts = [i for i, (_, p) in enumerate(timed) if p in ("running", "outage")]
     after = set(rng.sample(hosts, min(n_start, len(hosts))))
     plan: list[tuple[float, str]] = []
     for i, (t, p) in enumerate(timed):
@@ -606,5 +774,10 @@ def failures(r: dict[str, Any]) -> list[str]:
          f"{r['refused_not_dead_lettered']} refused hostile inputs missing from the dead-letter topic"),
         (r["sent"] == r["dead_lettered"] + r["accepted"], "hostile inputs do not add up"),
         (r["recoveries_failed"] == 0, f"{r['recoveries_failed']} restarted workers never became ready"),
+        (r.get("effects_in_dry_run", 0) == 0, f"{r.get('effects_in_dry_run')} backend effects while dry-run was on"),
+        (r.get("dry_run_lost_across_kill", 0) == 0,
+         f"dry-run was off after {r.get('dry_run_lost_across_kill')} worker kills that followed its switch"),
+        (not r.get("blocked_drains_not_done"),
+         f"{len(r.get('blocked_drains_not_done') or [])} drains refused by the budget never done after it relaxed"),
     ]
     return [why for ok, why in checks if not ok]

@@ -16,6 +16,9 @@ the faults the scenario injected, and reports:
 * ``healthy_nodes_touched``: nodes cordoned with no hardware fault on them;
 * ``job_moves``: per job, how many times it was moved, and from which attempts.
 
+:func:`blocked_drains` reads the same log for the drains a PodDisruptionBudget refused
+(HTTP 429) and reports those never done afterwards.
+
 Nothing here reads the pipeline's verdicts; the checker is pure (lists in, a report
 out), so it is tested on logs with planted faults.
 """
@@ -144,3 +147,24 @@ def _explanations(actions: Sequence[dict[str, Any]]) -> dict[str, str]:
         elif outcome == "dry_run":
             out[a.get("target", "")] = "dry-run"
     return out
+
+
+def blocked_drains(requests: Sequence[dict[str, Any]], windows: Sequence[tuple[float, float | None]] = ()) -> dict[str, Any]:
+    """Drains the budget refused (status 429), and which of their targets never got a later
+    drain answered with success (applied, or already so because the work had left).
+    ``windows``: (wall start, wall end) of the blocks, to report only refusals inside them
+    (all refusals when empty)."""
+    refused: dict[str, float] = {}
+    done_after: dict[str, float] = {}
+    for r in requests:
+        if r.get("action") != "drain" or not r.get("target"):
+            continue
+        wall = float(r.get("wall", 0.0))
+        if r.get("status") == 429:
+            inside = not windows or any(a <= wall and (b is None or wall <= b) for a, b in windows)
+            if inside:
+                refused.setdefault(r["target"], wall)
+        elif r.get("status") == 200:
+            done_after[r["target"]] = wall
+    not_done = sorted(t for t, first in refused.items() if done_after.get(t, -1.0) < first)
+    return {"blocked": sorted(refused), "not_done": not_done}

@@ -55,6 +55,10 @@ SUDDEN_GPU_FAULTS = {
 #: the demo's and make chaos's plan: one fault of each of these (the network faults need
 #: network.enforce and a fitted fabric model, see make eval / make eval-network)
 DEMO_KINDS = ("transient_crash", "nccl_timeout", "user_bug", "xid79", "ecc_dbe", "sbe_rise", "nvlink", "thermal")
+#: make chaos's plan (``faults="chaos:N"``): N faults, every node and job kind in turn, in
+#: a shuffled order over the run (the network kinds need network.enforce and a fitted
+#: fabric model: make eval-network judges them)
+CHAOS_KINDS = DEMO_KINDS + ("xid_gsp", "xid_sram")
 #: faults of a node's own hardware: the node must be isolated
 HARDWARE_KINDS = frozenset({"xid79", "ecc_dbe", "sbe_rise", "nvlink", "thermal", "xid_gsp", "xid_sram", "nic"})
 TRANSIENT_KINDS = frozenset({"transient_crash", "nccl_timeout"})
@@ -172,7 +176,7 @@ class SimConfig:
     diag_duration: float = 60.0
     auto_retry_after: float = 300.0  # a failed job nobody acted on is retried by its controller
     nodes_per_leaf: int = 16
-    faults: str = "demo"  # "demo", "none" or a comma list of kinds
+    faults: str = "demo"  # "demo", "none", "chaos:N" (N faults of CHAOS_KINDS) or a comma list of kinds
     quiet_tail: float = 250.0  # sim seconds at the end without new faults
     gpu_every: int = 1  # GPU telemetry period, sim seconds (DCGM's default collection period is 1-30 s)
 
@@ -184,6 +188,8 @@ def demo_faults(cfg: SimConfig, rng: random.Random) -> list[Fault]:
     plan: list[Fault] = []
     if cfg.faults == "none":
         return plan
+    if cfg.faults.startswith("chaos"):
+        return _chaos_faults(cfg.faults, last, rng)
     kinds = list(DEMO_KINDS) if cfg.faults == "demo" else [k.strip() for k in cfg.faults.split(",") if k.strip()]
     for k in kinds:
         if k not in FAULT_KINDS:
@@ -204,14 +210,30 @@ def demo_faults(cfg: SimConfig, rng: random.Random) -> list[Fault]:
     if cfg.faults == "demo" and total >= 1000:
         slots.append(("xid79", min(last, 150.0 + rng.random() * (last - 150.0))))
         slots.append(("nccl_timeout", min(last, 200.0 + rng.random() * (last - 200.0))))
-    for k, at in sorted(slots, key=lambda x: x[1]):
-        f = Fault(kind=k, at=at)
-        if k == "sbe_rise":
-            f.fail_at = at + 360.0
-        if k == "nvlink":
-            f.fail_at = at + 150.0
-        plan.append(f)
-    return plan
+    return [_fault(k, at) for k, at in sorted(slots, key=lambda x: x[1])]
+
+
+def _fault(kind: str, at: float) -> Fault:
+    f = Fault(kind=kind, at=at)
+    if kind == "sbe_rise":
+        f.fail_at = at + 360.0
+    if kind == "nvlink":
+        f.fail_at = at + 150.0
+    return f
+
+
+def _chaos_faults(spec: str, last: float, rng: random.Random) -> list[Fault]:
+    """``chaos:N``: N faults, each kind of :data:`CHAOS_KINDS` in turn, shuffled, one in each
+    of N equal slots from 130 s (a full detection window for the degrading kinds) to ``last``."""
+    count = spec.partition(":")[2]
+    if not count.isdigit() or int(count) < 1:
+        raise ValueError(f"faults: 'chaos:N' needs a positive number of faults, not {spec!r}")
+    n = int(count)
+    kinds = [CHAOS_KINDS[i % len(CHAOS_KINDS)] for i in range(n)]
+    rng.shuffle(kinds)
+    start = 130.0
+    slot = max(1.0, last - start) / n
+    return [_fault(k, start + (i + rng.random()) * slot) for i, k in enumerate(kinds)]
 
 
 REPO = Path(__file__).resolve().parents[2]

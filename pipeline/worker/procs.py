@@ -96,11 +96,11 @@ def wait_ready(workers: Sequence[WorkerProcess], timeout: float = 120) -> None:
 KAFKA_SH = ROOT / "deploy" / "kafka.sh"
 
 
-def kafka_script(cmd: str, env: dict[str, str]) -> str:
-    """Run ``deploy/kafka.sh cmd`` quietly; the last line of its output (the bootstrap after
-    ``start``), or RuntimeError with the end of its error output."""
-    res = subprocess.run(["bash", str(KAFKA_SH), cmd], env=env, capture_output=True, text=True, timeout=300,
+def kafka_script(cmd: str, env: dict[str, str], *args: str) -> str:
+    """Run ``deploy/kafka.sh cmd [args]`` quietly; the last line of its output (the bootstrap
+    after ``start``), or RuntimeError with the end of its error output."""
+    res = subprocess.run(["bash", str(KAFKA_SH), cmd, *args], env=env, capture_output=True, text=True, timeout=300,
                          stdin=subprocess.DEVNULL)
     if res.returncode != 0:
-        raise RuntimeError(f"deploy/kafka.sh {cmd} failed:\n{res.stderr[-2000:]}")
+        raise RuntimeError(f"deploy/kafka.sh {' '.join([cmd, *args])} failed:\n{res.stderr[-2000:]}")
     return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""

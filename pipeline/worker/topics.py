@@ -69,25 +69,33 @@ def topic_specs(s: Settings) -> dict[str, TopicSpec]:
 
 
 async def ensure_topics(s: Settings, *, timeout: float = 60.0) -> list[str]:
-    """Create missing topics; return the names created.  Existing topics are left as they are."""
+    """Create missing topics; return the names created.  Existing topics are left as they are.
+
+    Retried with backoff until ``timeout``: while the broker starts, and while one broker of
+    a cluster is down (the admin client may have picked it for its request)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    delay = 0.5
+    while True:
+        try:
+            return await _ensure_topics_once(s, timeout, deadline)
+        except Exception as exc:  # unreachable, or a broker of the cluster down: retry until the deadline
+            if loop.time() + delay > deadline:
+                raise ConnectionError(f"cannot create the topics on Kafka at {s.kafka.bootstrap}: {exc}") from exc
+            log.warning("Kafka at %s not ready for the topics (%s); retrying in %.1fs", s.kafka.bootstrap,
+                        exc or type(exc).__name__, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+async def _ensure_topics_once(s: Settings, timeout: float, deadline: float) -> list[str]:
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
 
     specs = {**topic_specs(s), **changelog_specs(s)}
     admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka.bootstrap, request_timeout_ms=int(timeout * 1000))
-    deadline = asyncio.get_running_loop().time() + timeout
-    delay = 0.5
-    while True:
-        try:
-            await admin.start()
-            break
-        except Exception as exc:  # broker not up yet: retry with backoff until the deadline
-            if asyncio.get_running_loop().time() + delay > deadline:
-                raise ConnectionError(f"cannot reach Kafka at {s.kafka.bootstrap}: {exc}") from exc
-            log.warning("Kafka at %s not reachable (%s); retrying in %.1fs", s.kafka.bootstrap, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
     try:
+        await admin.start()
         existing = set(await admin.list_topics())
         new = [
             NewTopic(name=t.name, num_partitions=t.partitions, replication_factor=s.kafka.replication,

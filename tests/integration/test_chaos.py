@@ -84,23 +84,30 @@ def test_the_breaker_window_moves_to_the_surviving_worker(kafka_bootstrap) -> No
     _storm_across(kafka_bootstrap, join_then_die)
 
 
-def test_the_chaos_run_of_the_readme_in_small_with_its_own_broker_restarted(tmp_path, monkeypatch) -> None:
-    """``make chaos`` in small, on the same path: its own broker (started by
-    ``deploy/kafka.sh`` in a state directory of its own, then restarted during the run), a
-    seeded 16-node scenario with every demo fault, 4 worker kills (one while the worker
-    runs, one while it starts, one during a rebalance, one during a 30 s backend outage)
-    and 3,000 hostile inputs over every telemetry topic.  Judged as ``make chaos`` judges:
-    from the backend's own log, the dead-letter topic and the worker logs."""
-    from pipeline.eval.chaos import failures, run
+def test_the_chaos_run_of_the_readme_in_small_on_its_own_three_brokers(tmp_path, monkeypatch) -> None:
+    """``make chaos`` in small, on the same path: its own 3-broker cluster (started by
+    ``deploy/kafka.sh`` in a state directory of its own; a follower and then the leader of
+    the verdicts topic killed with SIGKILL and started again during the run), a seeded
+    32-node scenario with 20 faults of every node and job kind, 6 worker kills (while it
+    runs, while it starts, during a rebalance, during a 30 s backend outage, while a drain
+    waits on a PodDisruptionBudget, just after dry-run is switched on) and 3,000 hostile
+    inputs over every telemetry topic.  Judged as ``make chaos`` judges: from the backend's
+    own log, the dead-letter topic and the worker logs."""
+    from pipeline.eval.chaos import KILL_PHASES, failures, run
+    from pipeline.sim.cluster import CHAOS_KINDS
 
     monkeypatch.setenv("FLEETMEDIC_STATE", str(tmp_path / "state"))
     out = tmp_path / "chaos.json"
-    r = run(nodes=16, duration=100, speed=6, kills=4, outage_s=30, hostile=3000, seed=3, broker_restart=True,
-            out=out, say=lambda *a: None)
+    r = run(nodes=32, faults=20, duration=180, speed=6, kills=6, outage_s=30, hostile=3000, seed=3, brokers=3,
+            broker_restart=True, out=out, say=print)
     assert out.exists()
-    assert (r["kills"], r["broker_restarts"], r["hostile_inputs"]) == (4, 1, 3000)
-    assert r["kills_by_phase"] == {"running": 1, "starting": 1, "rebalance": 1, "outage": 1}
+    assert (r["kills"], r["broker_kills"], r["hostile_inputs"]) == (6, 2, 3000)
+    assert r["kills_by_phase"] == {p: 1 for p in KILL_PHASES}
+    assert [k["role"] for k in r["broker_kill_log"]] == ["follower", "leader"]
+    assert r["broker_kill_log"][1]["broker"] == r["broker_kill_log"][1]["was_leader"]
     assert set(r["hostile_by_topic"]) == {"telemetry.gpu", "telemetry.network", "telemetry.job"}
     assert r["backend_refusals"] > 0, "the outage refused nothing: the backend was never called during it"
-    assert r["faulty_nodes"] >= 2 and r["refused_by_decoder"] > 2000
+    assert r["faults_injected"] == 20 and set(r["faults_by_kind"]) == set(CHAOS_KINDS)
+    assert r["dry_run_windows"] == 1 and r["drain_block_windows"] == 1
+    assert r["faulty_nodes"] >= 10 and r["refused_by_decoder"] > 2000
     assert failures(r) == [], (failures(r), r["faulty_nodes_not_isolated"], r["duplicates"], r["crash_samples"])

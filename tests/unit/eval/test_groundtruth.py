@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from pipeline.eval.groundtruth import InjectedFault, check, faults_of
-from pipeline.sim.cluster import HARDWARE_KINDS, Cluster, Fault, SimConfig
+import random
+from collections import Counter
+
+import pytest
+
+from pipeline.eval.chaos import WINDOWS, kill_plan
+from pipeline.eval.groundtruth import InjectedFault, blocked_drains, check, faults_of
+from pipeline.sim.cluster import CHAOS_KINDS, HARDWARE_KINDS, Cluster, Fault, SimConfig, demo_faults
 
 
 def req(t, key, action, target, changed=True, **before):
@@ -73,3 +79,43 @@ def test_the_simulated_backend_logs_every_request_with_its_effect() -> None:
         ("a", 200, True, {"cordoned": False}), ("b", 200, False, {"cordoned": True}), ("c", 404, False, {})]
     r = check(c.requests, faults_of(c, HARDWARE_KINDS))
     assert (r["effects_lost"], r["duplicate_effects"]) == (0, 0)
+
+
+def drain(wall, target, status):
+    return {"wall": wall, "action": "drain", "target": target, "status": status}
+
+
+def test_a_drain_the_budget_refused_and_never_done_after_is_reported() -> None:
+    log = [drain(10, "n1", 429), drain(12, "n2", 429), drain(15, "n1", 429), drain(30, "n1", 200),
+           drain(31, "n3", 429)]  # n3 refused outside the window: not this block's
+    r = blocked_drains(log, [(9.0, 20.0)])
+    assert r == {"blocked": ["n1", "n2"], "not_done": ["n2"]}
+    # a success before the refusal does not count as the drain being done
+    assert blocked_drains([drain(5, "n4", 200), drain(6, "n4", 429)])["not_done"] == ["n4"]
+    assert blocked_drains([drain(5, "n4", 429), drain(6, "n4", 503), drain(9, "n4", 200)])["not_done"] == []
+
+
+def test_the_kill_plan_strikes_in_every_phase_and_opens_its_windows_where_asked() -> None:
+    plan = kill_plan(22, 400.0, 80.0, 60.0, random.Random(1))
+    phases = Counter(p for _, p in plan)
+    assert sum(phases.values()) == 22
+    assert phases["drain_blocked"] == phases["dry_run"] == 2
+    assert min(phases[p] for p in ("running", "starting", "rebalance", "outage")) >= 4
+    assert sorted(t for t, p in plan if p == "dry_run") == [400.0 * x for x in WINDOWS["dry_run"]]
+    assert all(80.0 < t < 141.0 for t, p in plan if p == "outage")
+    # a starting kill follows a kill that started a new worker at once
+    for i, (_, p) in enumerate(plan):
+        if p == "starting":
+            assert plan[i - 1][1] in ("running", "outage")
+    small = Counter(p for _, p in kill_plan(6, 180.0, 36.0, 30.0, random.Random(2)))
+    assert small == Counter({"running": 1, "starting": 1, "rebalance": 1, "outage": 1, "drain_blocked": 1,
+                             "dry_run": 1})
+
+
+def test_the_chaos_fault_plan_has_every_kind_in_turn() -> None:
+    plan = demo_faults(SimConfig(nodes=96, speed=3.0, duration=400.0, faults="chaos:60"), random.Random(1))
+    kinds = Counter(f.kind for f in plan)
+    assert len(plan) == 60 and set(kinds) == set(CHAOS_KINDS) and set(kinds.values()) == {6}
+    assert all(130.0 <= f.at <= 950.0 for f in plan) and plan == sorted(plan, key=lambda f: f.at)
+    with pytest.raises(ValueError, match="chaos:N"):
+        demo_faults(SimConfig(faults="chaos:x"), random.Random(1))
