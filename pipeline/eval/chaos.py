@@ -303,7 +303,9 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
                              # (wall time dry-run was on, wall time it was switched off, held after the kill)
                              "dry_run_windows": [],
                              # (wall time the budget blocked drains, wall time relaxed, a drain met the block)
-                             "drain_block_windows": []}
+                             "drain_block_windows": [],
+                             # operator API calls that failed (the harness goes on without them)
+                             "operator_api_errors": []}
     broker_step = ("" if not broker_restart else "a broker restart, " if brokers == 1
                    else f"SIGKILL of a follower and of a leader of {brokers} brokers, ")
     say(f"chaos: {nodes} nodes for {duration:.0f} s at {speed:g}x, {faults} faults: {kills} worker kills, "
@@ -369,6 +371,16 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
             victim.proc.wait(10)
             stats["kills"] += 1
 
+        async def operator(w: WorkerProcess, method: str, path: str,
+                           body: dict[str, Any] | None = None) -> dict[str, Any] | None:
+            """An operator's API call; a failure is recorded (and fails the run), not raised."""
+            try:
+                return await asyncio.to_thread(_api, w, method, path, body)
+            except (urllib.error.URLError, TimeoutError, ConnectionError, ValueError) as exc:
+                stats["operator_api_errors"].append(f"{method} {path}: {exc}")
+                say(f"chaos: the operator API did not answer {method} {path}: {exc}")
+                return None
+
         def set_drain_block(on: bool) -> None:
             on_side(lambda: [setattr(node, "drain_blocked", on) for node in cluster.nodes.values()])
 
@@ -388,7 +400,8 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
                     await asyncio.sleep(0.2)
                 await asyncio.sleep(rng.uniform(1.0, 3.0))
             elif phase == "dry_run":
-                await asyncio.to_thread(_api, worker, "PUT", "/api/v1/dry-run", {"enabled": True})
+                if not await operator(worker, "PUT", "/api/v1/dry-run", {"enabled": True}):
+                    return
                 stats["dry_run_windows"].append([time.time(), None, None])
                 say("chaos: an operator switched dry-run on")
                 await asyncio.sleep(rng.uniform(0.2, 1.5))
@@ -396,13 +409,16 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
         async def close_window(phase: str) -> None:
             """After the new worker is ready: dry-run must still be on; then both windows
             stay open a little longer (the drain keeps waiting) and close."""
-            if phase == "dry_run":
-                state = await asyncio.to_thread(_api, worker, "GET", "/api/v1/dry-run")
-                stats["dry_run_windows"][-1][2] = bool(state.get("dry_run"))
+            if phase == "dry_run" and stats["dry_run_windows"] and stats["dry_run_windows"][-1][1] is None:
+                state = await operator(worker, "GET", "/api/v1/dry-run")
+                stats["dry_run_windows"][-1][2] = bool(state.get("dry_run")) if state is not None else None
                 await asyncio.sleep(10.0)
                 stats["dry_run_windows"][-1][1] = time.time()
-                await asyncio.to_thread(_api, worker, "PUT", "/api/v1/dry-run", {"enabled": False})
-                say(f"chaos: dry-run {'held' if stats['dry_run_windows'][-1][2] else 'WAS LOST'} across the kill; "
+                while await operator(worker, "PUT", "/api/v1/dry-run", {"enabled": False}) is None \
+                        and time.time() < stats["dry_run_windows"][-1][1] + 120:
+                    await asyncio.sleep(2.0)  # dry-run must not stay on for the rest of the run
+                held = stats["dry_run_windows"][-1][2]
+                say(f"chaos: dry-run {'held' if held else 'unknown' if held is None else 'WAS LOST'} across the kill; "
                     "switched off")
             elif phase == "drain_blocked":
                 await asyncio.sleep(10.0)
@@ -458,11 +474,19 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
                 stats["recovery_s"].append(time.monotonic() - killed if ready else None)
                 say(f"chaos: kill {n}/{kills} ({phase}): " +
                     (f"a worker was ready {time.monotonic() - killed:.1f} s later" if ready
-                     else "no worker was ready within 180 s"))
-                if ready:
-                    await close_window(phase)
-                elif phase == "drain_blocked":
-                    set_drain_block(False)
+                     else ("the new worker DIED while starting" if not worker.alive()
+                           else "the new worker was NOT ready within 180 s")))
+                if not ready:
+                    # counted as a failed recovery; the run goes on with a fresh worker, as the
+                    # worker's supervisor (a Deployment, systemd) would start one
+                    if worker.alive():
+                        os.killpg(worker.proc.pid, signal.SIGKILL)
+                        worker.proc.wait(10)
+                    else:
+                        stats["agent_crashes"] += 1
+                    worker = WorkerProcess(wenv, logdir / f"worker-{tag}-{n}-restart.log")
+                    await asyncio.to_thread(_wait_ready, worker, 180)
+                await close_window(phase)
 
         async def broker_kills() -> None:
             """A follower, then the leader, of the verdicts topic's first partition: SIGKILL
@@ -598,6 +622,7 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
         "drain_block_windows": len(stats["drain_block_windows"]),
         "drain_blocks_met": sum(1 for *_, met in stats["drain_block_windows"] if met),
         "blocked_drains": len(blocked["blocked"]), "blocked_drains_not_done": blocked["not_done"],
+        "operator_api_errors": stats["operator_api_errors"],
         "backend_outage_s": outage_s, "backend_refusals": outage["refused"],
         "breaker_max_fraction": BREAKER_FRACTION,
         # the backend's own log: what happened to the cluster
@@ -779,5 +804,6 @@ def failures(r: dict[str, Any]) -> list[str]:
          f"dry-run was off after {r.get('dry_run_lost_across_kill')} worker kills that followed its switch"),
         (not r.get("blocked_drains_not_done"),
          f"{len(r.get('blocked_drains_not_done') or [])} drains refused by the budget never done after it relaxed"),
+        (not r.get("operator_api_errors"), f"{len(r.get('operator_api_errors') or [])} operator API calls unanswered"),
     ]
     return [why for ok, why in checks if not ok]

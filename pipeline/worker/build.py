@@ -113,6 +113,9 @@ def app_options(s: Settings, middlewares: list[Any], **faust_options: Any) -> di
         autodiscover=False,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
+        # every topic, Faust's own included, is created by pipeline.worker.topics.ensure_topics
+        # with retries; Faust's declaration has none and fails while one broker is down
+        topic_allow_declare=False,
         stream_buffer_maxsize=s.worker.stream_buffer_maxsize,
         broker_max_poll_records=s.worker.max_poll_records,
         consumer_max_fetch_size=s.worker.max_fetch_bytes,

@@ -42,6 +42,17 @@ def changelog_specs(s: Settings) -> dict[str, TopicSpec]:
     }
 
 
+def faust_specs(s: Settings) -> dict[str, TopicSpec]:
+    """Every topic the Faust app would otherwise declare itself: the tables' changelogs and
+    the leader assignor's topic (``<app id>-__assignor-__leader``, one partition).
+
+    The worker runs with Faust's topic declaration off (``topic_allow_declare=False``):
+    Faust sends its CreateTopics to the broker that the metadata names as controller,
+    without a retry, so a worker starting while that broker is down crashed.
+    :func:`ensure_topics` creates them instead, retried with backoff."""
+    return {**changelog_specs(s), "assignor.leader": TopicSpec(f"{s.kafka.app_id}-__assignor-__leader", 1)}
+
+
 #: topics that keep the latest record of each key (operator decisions: pipeline.actuate.control)
 COMPACTED = frozenset({"control"})
 
@@ -92,7 +103,7 @@ async def _ensure_topics_once(s: Settings, timeout: float, deadline: float) -> l
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
 
-    specs = {**topic_specs(s), **changelog_specs(s)}
+    specs = {**topic_specs(s), **faust_specs(s)}
     admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka.bootstrap, request_timeout_ms=int(timeout * 1000))
     try:
         await admin.start()
