@@ -5,7 +5,7 @@
 # replaced by their published versions) and cached outside the repository. No
 # kubelet: tests register Node objects and play the kubelet by patching pod status.
 #
-# Usage: deploy/k8s.sh {build|start|stop|status|env|reset|help}
+# Usage: deploy/k8s.sh {build|start|stop|status|env|audit|reset|help}
 set -euo pipefail
 
 K8S_VERSION="${FLEETMEDIC_K8S_VERSION:-v1.36.3}"
@@ -49,6 +49,9 @@ Commands:
   stop    SIGTERM the four processes (SIGKILL after ${STOP_TIMEOUT}s). Idempotent.
   status  "running KUBECONFIG=<path>" (exit 0) or "not running" (exit 3)
   env     print KUBECONFIG=<path> of the running control plane (exit 3 if none)
+  audit   print the path of the API server's audit log (JSON lines: every
+          create, update, patch and delete of nodes, pods, evictions and Jobs,
+          with its request body and answer; reads are not logged)
   reset   stop and delete the state dir (etcd data, keys, logs)
   help    this text
 
@@ -195,6 +198,39 @@ show_logs() {
     done
 }
 
+# ----------------------------------------------------------------- audit ---
+
+# The API server's own record of every change made to nodes, pods, evictions and Jobs:
+# the ground truth of `make chaos` against this control plane (pipeline/eval/audit.py).
+# Reads are not logged; each change is logged once it is answered, with its request body.
+AUDIT_POLICY="$STATE_DIR/audit-policy.yaml"
+AUDIT_LOG="$LOG_DIR/audit.log"
+
+write_audit_policy() {
+    cat > "$AUDIT_POLICY" <<'YAML'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+  - level: None
+    verbs: ["get", "list", "watch"]
+  # a pod's name may come from generateName: its answer has it
+  - level: RequestResponse
+    verbs: ["create"]
+    resources:
+      - group: ""
+        resources: ["pods"]
+  - level: Request
+    verbs: ["create", "update", "patch", "delete"]
+    resources:
+      - group: ""
+        resources: ["nodes", "pods", "pods/eviction", "pods/binding"]
+      - group: "batch"
+        resources: ["jobs"]
+  - level: None
+YAML
+}
+
 # ------------------------------------------------------------------- pki ---
 
 gen_pki() {
@@ -319,6 +355,7 @@ cmd_start() {
     mkdir -p "$LOG_DIR" "$RUN_DIR" "$ETCD_DATA"
     chmod 0700 "$ETCD_DATA"
     gen_pki
+    write_audit_policy
     choose_ports
     write_kubeconfig "$KUBECONFIG_FILE" admin
     write_kubeconfig "$STATE_DIR/controller-manager.kubeconfig" system:kube-controller-manager
@@ -345,6 +382,8 @@ cmd_start() {
         --service-account-issuer=https://kubernetes.default.svc.cluster.local \
         --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
         --service-cluster-ip-range=10.0.0.0/24 --endpoint-reconciler-type=none \
+        --audit-policy-file="$AUDIT_POLICY" --audit-log-path="$AUDIT_LOG" --audit-log-format=json \
+        --audit-log-maxsize=256 --audit-log-maxbackup=2 \
         --profiling=false --v=1 --cert-dir="$PKI/serving"
     wait_for kube-apiserver "$deadline" api_ready
 
@@ -416,6 +455,7 @@ main() {
     status) cmd_status ;;
     env) cmd_env ;;
     reset) cmd_reset ;;
+    audit) printf '%s\n' "$AUDIT_LOG" ;;
     help | -h | --help) usage ;;
     *) usage >&2; exit 2 ;;
     esac
