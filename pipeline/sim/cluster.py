@@ -813,6 +813,7 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
                      and v["ts"] - t0 >= f.at - 1), key=lambda v: v["ts"])
         return vs[0] if vs else None
 
+    not_retried = []
     for f in transient:
         # run again (retry in place, or on new nodes when the output names no cause), never
         # stopped, and no node of the job isolated for it (a node isolated later for a
@@ -822,8 +823,13 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
                 and not any(n in isolations and isolations[n] >= f.at - 1 and n not in faulty
                             for n in v.get("nodes", [])):
             retried_ok += 1
+        else:
+            why = "no verdict" if v is None else f"first verdict {v['actions'][0]['action']} ({v.get('fault_class')})"
+            not_retried.append(f"{f.kind}@{f.job} t={f.at:.0f}: {why}")
     user = [f for f in faults if f.kind == "user_bug"]
     stopped = sum(1 for f in user if any(v.get("subject") == f.job and v["actions"][0]["action"] == "stop" for v in verdicts))
+    not_stopped = [f"{f.kind}@{f.job} t={f.at:.0f}" for f in user
+                   if not any(v.get("subject") == f.job and v["actions"][0]["action"] == "stop" for v in verdicts)]
     lead = [round(f.fail_at - isolations[f.node], 1) for f in before]
     return {
         "faults_injected": len(faults),
@@ -843,6 +849,8 @@ def score(cluster: Cluster, verdicts: list[dict[str, Any]], actions: list[dict[s
         "actions": len(actions),
         "actions_settled": len(applied),
         "missed": sorted(f"{f.kind}@{f.node}" for f in hw if f not in detected),
+        "transient_not_retried": not_retried,
+        "user_errors_not_stopped": not_stopped,
     }
 
 

@@ -147,3 +147,19 @@ def test_a_transient_faults_rerun_is_not_spoiled_by_a_later_fault_injected_on_on
     # ... but with an Xid 79 injected on it, that isolation is its own fault's
     c.faults.append(Fault(kind="xid79", at=50.0, node="node-0002", applied_ts=c.t0 + 50))
     assert score(c, verdicts=[rerun], actions=[])["transient_faults_retried"] == 1
+
+
+def test_score_names_each_transient_fault_not_retried_and_each_user_error_not_stopped() -> None:
+    from pipeline.sim.cluster import Fault
+
+    c = _cluster()
+    c.faults = [Fault(kind="nccl_timeout", at=10.0, job="train-0001", applied_ts=c.t0 + 10),
+                Fault(kind="transient_crash", at=20.0, job="train-0002", applied_ts=c.t0 + 20),
+                Fault(kind="user_bug", at=30.0, job="train-0003", applied_ts=c.t0 + 30)]
+    stopped_instead = {"scope": "job", "subject": "train-0002", "ts": c.t0 + 21, "fault_class": "user_error",
+                       "actions": [{"action": "stop", "target": "train-0002", "params": {}}], "nodes": []}
+    result = score(c, verdicts=[stopped_instead], actions=[])
+    assert result["transient_faults_retried"] == 0
+    assert result["transient_not_retried"] == ["nccl_timeout@train-0001 t=10: no verdict",
+                                               "transient_crash@train-0002 t=20: first verdict stop (user_error)"]
+    assert result["user_errors_not_stopped"] == ["user_bug@train-0003 t=30"]
