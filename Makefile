@@ -7,12 +7,13 @@ ARGS ?=
 STAMP := $(VENV)/.installed
 
 
-.PHONY: demo test bench eval eval-nab eval-network eval-failures chaos unit integration lint schemas kafka-start kafka-stop clean help
+.PHONY: demo test bench bench-burst eval eval-nab eval-network eval-failures chaos unit integration lint schemas kafka-start kafka-stop clean help
 
 help:
 	@echo "make demo   - install, start the embedded Kafka, a worker and the simulated cluster (ARGS=\"--duration 120 --seed 1\")"
 	@echo "make test   - install, start Kafka, run unit + integration tests, stop Kafka"
 	@echo "make bench  - throughput/latency/scale-out/memory of a 10,000-node fleet (ARGS=--quick for a smoke run)"
+	@echo "make bench-burst - 100/500/1,000 simultaneous hardware faults isolated on a real API server of 10,000 nodes, against the raw PATCH limit (bench/results/burst.json)"
 	@echo "make eval   - detection quality (512 nodes, 300 faults, Kafka + Faust) and a 54-day closed loop vs three baselines (bench/results/eval.json)"
 	@echo "make eval-nab - the univariate detector on the Numenta Anomaly Benchmark with a verified scorer (bench/results/nab.json)"
 	@echo "make eval-failures - real failure output (tests/data/failures) through the job and node tracks (bench/results/failures.json)"
@@ -36,6 +37,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	@$(PY) -m pipeline bench $(ARGS)
+
+bench-burst: $(STAMP)
+	@$(PY) -m pipeline bench-burst $(ARGS)
 
 chaos: $(STAMP)
 	@$(PY) -m pipeline chaos $(ARGS)

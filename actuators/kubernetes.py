@@ -27,7 +27,7 @@ restarted worker knows whether a cordon is its own: a node that a human cordoned
 its cordon when fleetmedic returns it.
 
 The client is synchronous; every API call runs in a worker thread
-(:func:`asyncio.to_thread`) with a request timeout.  :class:`ApiException` statuses are
+(a pool of ``max_requests`` threads) with a request timeout.  :class:`ApiException` statuses are
 mapped to typed errors: 409 (a concurrent writer), 429 and 5xx are
 :class:`~actuators.base.TemporaryError` (with ``Retry-After`` as the delay), other 4xx are
 :class:`~actuators.base.PermanentError`; connection failures are temporary.
@@ -43,6 +43,7 @@ import json
 import logging
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -305,7 +306,10 @@ class KubernetesBackend:
         clock: Callable[[], datetime] = _utcnow,
         drain_mode: str = "Immediate",
         drain_timeout_s: float = 600.0,
+        max_requests: int = 32,
     ) -> None:
+        if max_requests < 1:
+            raise ValueError(f"max_requests must be >= 1, got {max_requests}")
         if diag_gpus < 0:
             raise ValueError(f"diag_gpus must be >= 0, got {diag_gpus}")
         if drain_mode not in DRAIN_MODES:
@@ -334,6 +338,11 @@ class KubernetesBackend:
         self.request_timeout = request_timeout
         self.clock = clock
         self._owned_client: kubernetes.client.ApiClient | None = None
+        #: the API calls in flight at once: the client is blocking, so each runs in a thread
+        #: of this pool (the event loop's default pool has min(32, cores + 4) threads, 6 on
+        #: two cores, which capped a burst of isolations far below what the server takes)
+        self.max_requests = max_requests
+        self._executor = ThreadPoolExecutor(max_workers=max_requests, thread_name_prefix="kube-api")
 
     @classmethod
     def from_config(
@@ -344,6 +353,7 @@ class KubernetesBackend:
         retries: int = 3,
         backoff_factor: float = 0.5,
         impersonate: str | None = None,
+        max_requests: int = 32,
         **options: Any,
     ) -> KubernetesBackend:
         """Build a backend from a kubeconfig file or, inside a pod, the service account.
@@ -355,6 +365,8 @@ class KubernetesBackend:
         codes are left to :mod:`actuators.retry` through the typed errors.
         ``impersonate`` acts as that user (``Impersonate-User``, like ``kubectl --as``),
         for example the service account whose RBAC the deployment grants.
+        ``max_requests`` bounds the calls in flight, and the client's connection pool
+        holds as many connections.
         """
         config = kubernetes.client.Configuration()
         if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -366,10 +378,12 @@ class KubernetesBackend:
         config.retries = urllib3.util.Retry(
             total=retries, connect=retries, read=retries, status=0, other=0, backoff_factor=backoff_factor
         )
+        config.connection_pool_maxsize = max_requests
         api = kubernetes.client.ApiClient(config)
         if impersonate:
             api.set_default_header("Impersonate-User", impersonate)
-        backend = cls(kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api), **options)
+        backend = cls(kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api), max_requests=max_requests,
+                      **options)
         backend._owned_client = api
         return backend
 
@@ -388,6 +402,7 @@ class KubernetesBackend:
         if self._owned_client is not None:
             client, self._owned_client = self._owned_client, None
             await asyncio.to_thread(client.close)
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -407,7 +422,8 @@ class KubernetesBackend:
         """
         kwargs.setdefault("_request_timeout", self.request_timeout)
         try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._executor, functools.partial(fn, *args, **kwargs))
         except ApiException as exc:
             if exc.status in tolerate:
                 log.debug("%s: HTTP %s tolerated", what, exc.status)

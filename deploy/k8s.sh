@@ -202,7 +202,8 @@ show_logs() {
 
 # The API server's own record of every change made to nodes, pods, evictions and Jobs:
 # the ground truth of `make chaos` against this control plane (pipeline/eval/audit.py).
-# Reads are not logged; each change is logged once it is answered, with its request body.
+# Reads are not logged; each change is logged once it is answered, with its request body
+# (node status too: the quarantine condition is part of an isolation).
 AUDIT_POLICY="$STATE_DIR/audit-policy.yaml"
 AUDIT_LOG="$LOG_DIR/audit.log"
 
@@ -224,7 +225,7 @@ rules:
     verbs: ["create", "update", "patch", "delete"]
     resources:
       - group: ""
-        resources: ["nodes", "pods", "pods/eviction", "pods/binding"]
+        resources: ["nodes", "nodes/status", "pods", "pods/eviction", "pods/binding"]
       - group: "batch"
         resources: ["jobs"]
   - level: None

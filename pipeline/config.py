@@ -247,6 +247,8 @@ class ActuatorSettings(_Section):
     )
     kube_diag_command: list[str] = Field(["dcgmi", "diag", "-r", "2"], min_length=1)
     kube_taint_key: str = Field("fleetmedic.dev/quarantine", min_length=1, description="key of the quarantine taint")
+    kube_max_requests: int = Field(32, ge=1, le=512, description="Kubernetes API calls in flight at once (and "
+                                   "connections kept to the API server)")
     webhook_url: str | None = Field(None, description="alerts (escalations, held isolations) go here")
 
     @field_validator("webhook_url", "sim_url")

@@ -427,6 +427,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_burst(args: argparse.Namespace) -> int:
+    """Simultaneous hardware faults isolated on a real API server, against the raw PATCH limit."""
+    _logging("warning")
+    from pipeline.eval.burst import SIZES, run
+
+    if args.quick:
+        nodes, sizes, runs = 600, (20, 50), 3
+    else:
+        nodes, sizes, runs = args.nodes, tuple(args.sizes or SIZES), args.runs
+    try:
+        run(nodes=nodes, sizes=sizes, runs=runs, threads=args.threads, out=Path(args.out),
+            keep_running=args.keep_running, say=lambda *a: print(*a, file=sys.stderr, flush=True))
+    except ValueError as exc:
+        print(f"fleetmedic bench-burst: {exc}", file=sys.stderr)
+        return 2
+    print(f"results: {args.out}", file=sys.stderr)
+    return 0
+
+
 def cmd_record(args: argparse.Namespace) -> int:
     s = _settings(args)
     from pipeline.sim.recording import record_from_kafka, write
@@ -681,6 +700,24 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "throughput.json"), help="JSON output path")
     sp.add_argument("--keep-running", action="store_true", help="leave the broker running afterwards")
     sp.set_defaults(func=cmd_bench)
+
+    sp = sub.add_parser(
+        "bench-burst", help="isolate 100, 500 and 1,000 nodes at once on a real API server (writes JSON)",
+        description="Starts its own Kubernetes control plane (deploy/k8s.sh, reset first) and Kafka broker, "
+                    "registers --nodes Node objects and, for each burst size, --runs times: writes an Xid 79 sample "
+                    "for every node of the burst at once, and times one worker (backend kubernetes) until a watch "
+                    "sees every node cordoned, tainted and conditioned; then the same writes to as many other "
+                    "nodes as parallel PATCH requests from the same client library (the raw limit). Reports "
+                    "nodes/s, the ratio to the raw limit and verdict-to-cordon p50/p99 (medians with min and max).")
+    sp.add_argument("--nodes", type=int, default=10_000, help="Node objects registered (default 10000)")
+    sp.add_argument("--sizes", type=int, nargs="+", help="burst sizes (default 100 500 1000)")
+    sp.add_argument("--runs", type=int, default=3, help="runs per burst size; medians are reported (default 3)")
+    sp.add_argument("--threads", type=int, default=32,
+                    help="API calls in flight, for the worker and for the raw limit alike (default 32)")
+    sp.add_argument("--quick", action="store_true", help="600 nodes, bursts of 20 and 50: checks the harness works")
+    sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "burst.json"), help="JSON output path")
+    sp.add_argument("--keep-running", action="store_true", help="leave the control plane and the broker running")
+    sp.set_defaults(func=cmd_bench_burst)
 
     sp = sub.add_parser(
         "record", help="write the input topics (telemetry.gpu, telemetry.network, telemetry.job) to a recording",

@@ -35,3 +35,24 @@ def test_quick_bench_measures_every_figure(kafka_bootstrap, tmp_path):
     assert r["latency"]["actions_seen"] == r["latency"]["faults"] > 0
     assert r["machine"]["cores"] >= 1
     assert "fleetmedic, 1 worker" in res.stdout and "ratio to baseline" in res.stdout
+
+
+def test_quick_burst_bench_isolates_every_node_on_the_real_api_server(tmp_path):
+    """``make bench-burst`` in small: its own control plane and broker, 600 nodes, bursts of
+    20 and 50, three runs each; every node of every burst is seen isolated by the watch."""
+    out = tmp_path / "burst.json"
+    res = subprocess.run([sys.executable, "-m", "pipeline", "bench-burst", "--quick", "--out", str(out)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL,
+                         env={**__import__("os").environ, "FLEETMEDIC_STATE": str(tmp_path / "state")})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert set(r["bursts"]) == {"20", "50"}
+    for size, b in r["bursts"].items():
+        assert len(b["runs"]) == 3
+        for run in b["runs"]:
+            assert run["verdicts_seen"] == int(size)  # every node's verdict, each node seen done
+            assert 0 < run["seconds"] and 0 < run["raw_seconds"]
+        for key in ("seconds", "nodes_per_s", "raw_limit_nodes_per_s", "ratio", "p50_s", "p99_s"):
+            assert b[f"{key}_min"] <= b[key] <= b[f"{key}_max"] if key not in ("p50_s", "p99_s") else b[key] > 0
+    assert r["nodes_registered"] == 600 and r["nvsentinel_published"]["burst"] == 1000
+    assert "| burst |" in res.stderr

@@ -1,0 +1,374 @@
+"""``make bench-burst``: many nodes fail at once; how fast the real API server sees them isolated.
+
+1. **Fleet.** A local control plane of its own (``deploy/k8s.sh``, reset first) holds
+   ``nodes`` Node objects (10,000 by default) registered as a kubelet registers them: GPU
+   capacity, ``Ready``, schedulable.
+2. **fleetmedic.** For each burst size (100, 500 and 1,000 by default), ``runs`` times, on
+   nodes not touched before: the GPU collector of each struck node reports Xid 79 (the
+   GPU fell off the bus) in one sample, all written to ``telemetry.gpu`` at once. One
+   worker (backend ``kubernetes``, the breaker configured to allow the burst) detects,
+   decides and carries out each verdict: cordon and taint, the quarantine condition, an
+   Event, then the drain and a diagnostics Job, as it would in production. A watch on
+   the Nodes records when each node is cordoned, tainted and conditioned. ``seconds``
+   runs from the first sample sent to the last node done; ``verdict_to_cordon`` from the
+   moment each verdict is on the ``verdicts`` topic to its node done.
+3. **The raw limit.** On as many other nodes, the same writes that make a node done (the
+   spec patch with the cordon and the taint, the status patch with the condition) from
+   the same client library, in ``threads`` parallel threads, with nothing else in the
+   way. ``ratio`` is fleetmedic's nodes per second over the raw limit's.
+
+Every figure is the median of the runs, with its minimum and maximum. NVIDIA NVSentinel
+publishes 61 to 73 nodes/s for a burst of 1,000 (16.3 s); it is quoted beside ours, not
+measured here.
+
+Results go to ``bench/results/burst.json`` and a printed table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from pipeline.config import load_settings
+from pipeline.eval.bench import fault_sample, machine
+from pipeline.worker.procs import ROOT, WorkerProcess, kafka_script, wait_ready
+from pipeline.worker.topics import ensure_topics
+
+K8S_SH = ROOT / "deploy" / "k8s.sh"
+SIZES = (100, 500, 1000)
+#: NVIDIA NVSentinel's published burst figures (1,000 simultaneous failures, every node
+#: cordoned in 16.3 s), for comparison only
+NVSENTINEL = {"burst": 1000, "seconds": 16.3, "nodes_per_s": [61, 73]}
+TAINT_KEY = "fleetmedic.dev/quarantine"
+CONDITION = "FleetmedicQuarantine"
+LABEL = "fleetmedic.bench/burst"
+
+Say = Callable[[str], None]
+
+
+def k8s_script(cmd: str, env: dict[str, str], timeout: float = 3600) -> str:
+    """``deploy/k8s.sh cmd``; its last line of output (``KUBECONFIG=...`` after ``start``).
+    Its progress (the first build takes minutes) goes to our standard error."""
+    res = subprocess.run(["bash", str(K8S_SH), cmd], env=env, stdout=subprocess.PIPE, stderr=None, text=True,
+                         timeout=timeout, stdin=subprocess.DEVNULL)
+    if res.returncode != 0:
+        raise RuntimeError(f"deploy/k8s.sh {cmd} failed (exit {res.returncode}); its log is above")
+    lines = res.stdout.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _clients(kubeconfig: str, threads: int) -> Any:
+    import kubernetes.client
+    import kubernetes.config
+
+    cfg = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg, persist_config=False)
+    cfg.connection_pool_maxsize = threads
+    return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(cfg))
+
+
+def register(core: Any, names: list[str], threads: int, say: Say) -> float:
+    """Create the Node objects as a kubelet would; seconds taken."""
+    from kubernetes.client.exceptions import ApiException
+
+    cap = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"}
+
+    def one(name: str) -> None:
+        body = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, LABEL: "1",
+                                                     "nvidia.com/gpu.present": "true"}}}
+        try:
+            core.create_node(body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        core.patch_node_status(name, {"status": {"capacity": cap, "allocatable": cap, "conditions": [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "registered by the bench",
+             "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}]}})
+
+    t0 = time.perf_counter()
+    done = 0
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in pool.map(one, names):
+            done += 1
+            if done % 2000 == 0:
+                say(f"  {done}/{len(names)} nodes registered")
+    return time.perf_counter() - t0
+
+
+class NodeWatch:
+    """A watch on the bench's Nodes: the first wall time each is cordoned, tainted with the
+    quarantine taint and has the quarantine condition ``True``."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        self.core = _clients(kubeconfig, 2)
+        self.done: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="node-watch")
+        self.errors: list[str] = []
+
+    @staticmethod
+    def is_done(node: Any) -> bool:
+        spec, status = node.spec, node.status
+        tainted = any(t.key == TAINT_KEY for t in (spec.taints or [])) if spec else False
+        conditioned = any(c.type == CONDITION and c.status == "True" for c in (status.conditions or [])) \
+            if status else False
+        return bool(spec and spec.unschedulable) and tainted and conditioned
+
+    def _relist(self) -> str:
+        """Every bench node as it is now (those done and not yet recorded are recorded now);
+        the list's resource version, to watch from."""
+        now = time.time()
+        nodes = self.core.list_node(label_selector=LABEL)
+        for obj in nodes.items:
+            if obj.metadata.name not in self.done and self.is_done(obj):
+                self.done[obj.metadata.name] = now
+        return str(nodes.metadata.resource_version)
+
+    def _run(self) -> None:
+        from kubernetes import watch
+
+        version = self._relist()
+        while not self._stop.is_set():
+            w = watch.Watch()
+            try:
+                for ev in w.stream(self.core.list_node, label_selector=LABEL, resource_version=version,
+                                   timeout_seconds=5, allow_watch_bookmarks=True):
+                    obj = ev["object"]
+                    version = obj.metadata.resource_version
+                    name = obj.metadata.name
+                    if ev["type"] in ("ADDED", "MODIFIED") and name not in self.done and self.is_done(obj):
+                        self.done[name] = time.time()
+                    if self._stop.is_set():
+                        break
+            except Exception as exc:  # an expired version (410): list again, so no change is missed
+                self.errors.append(repr(exc)[:300])
+                try:
+                    version = self._relist()
+                except Exception as again:  # the API server busy: the next round lists again
+                    self.errors.append(repr(again)[:300])
+                    time.sleep(1.0)
+
+    def __enter__(self) -> NodeWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def wait(self, names: list[str], timeout: float) -> bool:
+        end = time.time() + timeout
+        while time.time() < end:
+            if all(n in self.done for n in names):
+                return True
+            time.sleep(0.05)
+        return False
+
+
+def _state(node: Any) -> str:
+    spec, status = node.spec, node.status
+    taints = [t.key for t in (spec.taints or [])] if spec else []
+    conds = {c.type: c.status for c in (status.conditions or [])} if status else {}
+    return (f"{node.metadata.name}: unschedulable={bool(spec and spec.unschedulable)} taints={taints} "
+            f"{CONDITION}={conds.get(CONDITION)}")
+
+
+def raw_limit(core: Any, names: list[str], threads: int) -> float:
+    """Seconds for ``threads`` threads to cordon, taint and condition ``names`` with two
+    PATCH requests each, from the same client library, with nothing else in the way."""
+
+    def one(name: str) -> None:
+        core.patch_node(name, {"spec": {"unschedulable": True, "taints": [
+            {"key": TAINT_KEY, "value": "gpu_hardware", "effect": "NoSchedule"}]}})
+        core.patch_node_status(name, {"status": {"conditions": [
+            {"type": CONDITION, "status": "True", "reason": "BenchRaw", "message": "raw limit",
+             "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}]}})
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, names))
+    return time.perf_counter() - t0
+
+
+async def _fleetmedic_burst(bootstrap: str, s: Any, names: list[str], watch: NodeWatch,
+                            timeout: float) -> dict[str, Any]:
+    """Write one Xid 79 sample per node at once; wait until the watch sees every node done."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    seen: dict[str, float] = {}
+    want = set(names)
+    consumer = AIOKafkaConsumer(s.topic("verdicts"), bootstrap_servers=bootstrap, group_id=None,
+                                auto_offset_reset="latest", enable_auto_commit=False, fetch_max_wait_ms=20)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1)
+    await consumer.start()
+    await consumer.seek_to_end()
+    await producer.start()
+    stop = asyncio.Event()
+
+    async def follow() -> None:
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=100)
+            now = time.time()
+            for msgs in batch.values():
+                for m in msgs:
+                    v = orjson.loads(m.value)
+                    if v.get("subject") in want:
+                        seen.setdefault(v["subject"], now)
+
+    fol = asyncio.create_task(follow())
+    try:
+        t0 = time.time()
+        ts = t0
+        for n in names:
+            await producer.send(s.topic("telemetry.gpu"), key=n.encode(), value=fault_sample(n, ts))
+        await producer.flush()
+        ok = await asyncio.to_thread(watch.wait, names, timeout)
+        await asyncio.sleep(0.5)
+    finally:
+        stop.set()
+        await fol
+        await consumer.stop()
+        await producer.stop()
+    if not ok:
+        missing = [n for n in names if n not in watch.done]
+        states = [_state(watch.core.read_node(n)) for n in missing[:3]]
+        raise RuntimeError(f"burst of {len(names)}: {len(missing)} nodes not isolated within {timeout:.0f} s "
+                           f"(e.g. {states}; watch errors: {watch.errors[-3:]})")
+    last = max(watch.done[n] for n in names)
+    lat = [watch.done[n] - seen[n] for n in names if n in seen]
+    return {"seconds": last - t0, "nodes_per_s": len(names) / (last - t0),
+            "fault_to_done_p50_s": float(np.percentile([watch.done[n] - t0 for n in names], 50)),
+            "verdict_to_cordon_p50_s": float(np.percentile(lat, 50)) if lat else None,
+            "verdict_to_cordon_p99_s": float(np.percentile(lat, 99)) if lat else None,
+            "verdicts_seen": len(lat)}
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> dict[str, float | None]:
+    xs = [r[key] for r in runs if r.get(key) is not None]
+    if not xs:
+        return {key: None, f"{key}_min": None, f"{key}_max": None}
+    return {key: float(np.median(xs)), f"{key}_min": float(min(xs)), f"{key}_max": float(max(xs))}
+
+
+def run(*, nodes: int = 10_000, sizes: tuple[int, ...] = SIZES, runs: int = 3, threads: int = 32,
+        out: Path, say: Say = print, keep_running: bool = False) -> dict[str, Any]:
+    need = 2 * runs * sum(sizes)
+    if nodes < need:
+        raise ValueError(f"{nodes} nodes are too few: {runs} runs of bursts {list(sizes)} for fleetmedic and for "
+                         f"the raw limit need {need} untouched nodes")
+    from pipeline.config import state_dir
+
+    state = state_dir("bench-burst")
+    env = {**os.environ, "FLEETMEDIC_STATE": str(state)}
+    say(f"bench-burst: a fresh control plane in {state} (deploy/k8s.sh reset, start)")
+    k8s_script("reset", env)
+    kubeconfig = k8s_script("start", env).removeprefix("KUBECONFIG=")
+    say("bench-burst: the embedded Kafka broker")
+    bootstrap = kafka_script("start", env)
+    worker: WorkerProcess | None = None
+    try:
+        core = _clients(kubeconfig, threads)
+        core.create_namespace({"metadata": {"name": "fleetmedic-diag"}})
+        names = [f"gpu-{i:05d}" for i in range(nodes)]
+        say(f"registering {nodes} nodes with {threads} threads")
+        reg_s = register(core, names, threads, say)
+        say(f"  {nodes / reg_s:,.0f} nodes/s")
+        app = f"fleetmedic-burst-{uuid.uuid4().hex[:6]}"
+        wenv = {**env, "FLEETMEDIC_KAFKA__BOOTSTRAP": bootstrap, "FLEETMEDIC_KAFKA__TOPIC_PREFIX": f"{app}.",
+                "FLEETMEDIC_KAFKA__APP_ID": app, "FLEETMEDIC_WORKER__LOG_LEVEL": "warning",
+                "FLEETMEDIC_ACTUATORS__BACKEND": "kubernetes", "FLEETMEDIC_ACTUATORS__KUBECONFIG": kubeconfig,
+                "FLEETMEDIC_ACTUATORS__KUBE_MAX_REQUESTS": str(threads),
+                "FLEETMEDIC_SAFETY__FLEET_SIZE": str(nodes), "FLEETMEDIC_SAFETY__MAX_FRACTION": "1.0",
+                "FLEETMEDIC_SAFETY__MAX_ABSOLUTE": str(nodes)}
+        s = load_settings(environ=wenv)
+        asyncio.run(ensure_topics(s))
+        logdir = state / "logs"
+        logdir.mkdir(parents=True, exist_ok=True)
+        worker = WorkerProcess(wenv, logdir / f"{app}.log")
+        wait_ready([worker])
+        free = iter(names)
+        by_size: dict[str, Any] = {}
+        with NodeWatch(kubeconfig) as watch:
+            for size in sizes:
+                per_run = []
+                for rep in range(runs):
+                    # the two sides alternate who goes first, so a drift favours neither
+                    fm_names = [next(free) for _ in range(size)]
+                    raw_names = [next(free) for _ in range(size)]
+                    order = ("fleetmedic", "raw") if rep % 2 == 0 else ("raw", "fleetmedic")
+                    r: dict[str, Any] = {}
+                    for side in order:
+                        if side == "raw":
+                            raw_s = raw_limit(core, raw_names, threads)
+                            r["raw_seconds"], r["raw_limit_nodes_per_s"] = raw_s, size / raw_s
+                        else:
+                            r.update(asyncio.run(_fleetmedic_burst(bootstrap, s, fm_names, watch,
+                                                                   timeout=max(120.0, size / 5))))
+                    r["ratio"] = r["nodes_per_s"] / r["raw_limit_nodes_per_s"]
+                    per_run.append(r)
+                    say(f"  burst {size} run {rep + 1}/{runs}: fleetmedic {r['seconds']:.1f} s "
+                        f"({r['nodes_per_s']:.0f} nodes/s), raw limit {r['raw_limit_nodes_per_s']:.0f} nodes/s, "
+                        f"ratio {r['ratio']:.2f}, verdict to cordon p50 {r['verdict_to_cordon_p50_s']:.2f} s "
+                        f"p99 {r['verdict_to_cordon_p99_s']:.2f} s")
+                    time.sleep(3.0)  # the drains and diagnostics of this burst settle first
+                summary: dict[str, Any] = {}
+                for key in ("seconds", "nodes_per_s", "raw_limit_nodes_per_s", "ratio", "verdict_to_cordon_p50_s",
+                            "verdict_to_cordon_p99_s", "fault_to_done_p50_s"):
+                    summary.update(_median(per_run, key))
+                summary["p50_s"], summary["p99_s"] = summary["verdict_to_cordon_p50_s"], summary["verdict_to_cordon_p99_s"]
+                summary["runs"] = per_run
+                by_size[str(size)] = summary
+        result = {
+            "machine": machine(),
+            "nodes_registered": nodes, "register_nodes_per_s": nodes / reg_s, "threads": threads, "runs": runs,
+            "bursts": by_size,
+            "nvsentinel_published": NVSENTINEL,
+            "method": "Xid 79 samples for every node of a burst written at once to telemetry.gpu; one worker "
+                      "(backend kubernetes, admin credentials) detects, decides and carries out isolate, drain and "
+                      "diagnose; a watch on the Nodes records when each is cordoned, tainted and conditioned. The "
+                      "raw limit makes the same two writes per node (spec patch, status patch) from the same "
+                      "client library in the same number of threads. Medians of the runs, with min and max.",
+            "watch_errors": watch.errors[:5],
+        }
+    finally:
+        if worker is not None:
+            worker.stop()
+        if not keep_running:
+            kafka_script("stop", env)
+            k8s_script("stop", env)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    say(table(result))
+    return result
+
+
+def table(r: dict[str, Any]) -> str:
+    rows = ["| burst | seconds | nodes/s | raw limit nodes/s | ratio | verdict to cordon p50 | p99 |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for size, b in r["bursts"].items():
+        rows.append(f"| {size} | {b['seconds']:.1f} ({b['seconds_min']:.1f} to {b['seconds_max']:.1f}) "
+                    f"| {b['nodes_per_s']:.0f} | {b['raw_limit_nodes_per_s']:.0f} "
+                    f"| {b['ratio']:.2f} ({b['ratio_min']:.2f} to {b['ratio_max']:.2f}) "
+                    f"| {b['p50_s']:.2f} s | {b['p99_s']:.2f} s |")
+    ns = r["nvsentinel_published"]
+    rows.append(f"\nNVSentinel (published, not measured here): {ns['burst']} nodes in {ns['seconds']} s, "
+                f"{ns['nodes_per_s'][0]} to {ns['nodes_per_s'][1]} nodes/s. Medians of {r['runs']} runs "
+                f"(min to max); {r['nodes_registered']} Node objects on the API server.")
+    return "\n".join(rows)
