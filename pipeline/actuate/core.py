@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import fnmatch
+import heapq
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -340,12 +341,30 @@ class Actuation:
 Report = Callable[[Work, "ActionRecord | Work"], Awaitable[None]]
 
 
+#: which due work starts first when more is due than ``max_in_flight`` allows: keeping
+#: new work off a faulty node, then moving the jobs it struck, then emptying the node,
+#: then the rest (diagnostics, escalations, returns). In a burst of failures every node is
+#: cordoned before the first drains and diagnostics take the backend's capacity.
+URGENCY: dict[str, int] = {ActionName.isolate.value: 0, ActionName.requeue.value: 1, ActionName.retry.value: 1,
+                           ActionName.restart.value: 1, ActionName.stop.value: 1, ActionName.drain.value: 2}
+
+
+def urgency(w: Work) -> int:
+    """The rank of ``w``'s action in :data:`URGENCY` (3 for any other)."""
+    try:
+        action = str(w.verdict["actions"][w.index]["action"])
+    except (KeyError, IndexError, TypeError):
+        return 3
+    return URGENCY.get(action, 3)
+
+
 class ActionRunner:
     """Carries :class:`Work` out in the background, never in the stream's way.
 
     Per target one try at a time, in ``seq`` order (a node's isolation before its drain,
     an older verdict's actions before a newer one's); at most ``max_in_flight`` targets at
-    once; each try when it is due. ``report`` hears every try's result (the worker writes
+    once; each try when it is due. Across targets, the most urgent due work starts first
+    (:data:`URGENCY`, then ``seq``). ``report`` hears every try's result (the worker writes
     it down and publishes the record); ``owns(partition)`` says whether this worker still
     carries out that partition's work (after a rebalance, the new owner does).
     """
@@ -376,25 +395,26 @@ class ActionRunner:
         return True
 
     def start_due(self, now: float) -> int:
-        """Start every try that is due, within ``max_in_flight``; how many started."""
-        started = 0
+        """Start the most urgent tries that are due, within ``max_in_flight``; how many started."""
+        room = self.max_in_flight - len(self.busy)
+        if room <= 0:
+            return 0
+        due: list[tuple[int, int, str]] = []
         for target in list(self.queues):
-            if len(self.busy) >= self.max_in_flight:
-                break
             q = self.queues[target]
             while q and not self.owns(q[0].partition):
                 self.keys.discard(q.pop(0).key)  # its partition moved to another worker
             if not q:
                 del self.queues[target]
                 continue
-            if target in self.busy or q[0].due > now:
-                continue
+            if target not in self.busy and q[0].due <= now:
+                due.append((urgency(q[0]), q[0].seq, target))
+        for _, _, target in heapq.nsmallest(room, due):
             self.busy.add(target)
-            task = asyncio.ensure_future(self._one(q[0]))
+            task = asyncio.ensure_future(self._one(self.queues[target][0]))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
-            started += 1
-        return started
+        return min(room, len(due))
 
     def next_due(self) -> float | None:
         return min((q[0].due for t, q in self.queues.items() if q and t not in self.busy), default=None)

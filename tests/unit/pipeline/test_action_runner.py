@@ -189,3 +189,27 @@ async def test_work_kept_in_a_table_resumes_where_it_stood_and_settled_work_is_n
         runner2.start_due(clock2())
         await _settle(runner2)
     assert backend2.calls == [("drain", "node-0001")]  # node-0002's attempt found the ledger settled
+
+
+async def test_in_a_burst_every_node_is_isolated_before_the_first_drain_or_diagnosis_starts() -> None:
+    """More due work than room: isolations first (then job moves, drains, the rest), each
+    target still in its own order."""
+    backend, clock = GatedBackend(), Clock()
+    backend.gate.set()
+    act, runner, _ = _setup(backend, clock, max_in_flight=8)
+    for i in range(40):
+        node = f"node-{i:04d}"
+        await _plan(act, runner, [("isolate", node), ("drain", node), ("diagnose", node)], f"v-{i}", i, node)
+    await _plan(act, runner, [("requeue", "ns/train")], "v-job", 99, "ns/train")
+    while runner.pending:
+        runner.start_due(clock())
+        await _settle(runner)
+    actions = [a for a, _ in backend.calls]
+    assert actions.count("isolate") == 40 and actions.count("drain") == 40 and actions.count("diagnose") == 40
+    last_isolate = max(i for i, a in enumerate(actions) if a == "isolate")
+    assert last_isolate < actions.index("requeue") < actions.index("drain")
+    assert max(i for i, a in enumerate(actions) if a == "drain") < actions.index("diagnose")
+    by_node: dict[str, list[str]] = {}
+    for action, target in backend.calls:
+        by_node.setdefault(target, []).append(action)
+    assert all(v == ["isolate", "drain", "diagnose"] for k, v in by_node.items() if k.startswith("node-"))
