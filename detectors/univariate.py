@@ -264,6 +264,21 @@ class UnivariateDetector(Detector):
             setattr(self, name, new)
         self.last_ = {}
 
+    def select_rows(self, rows: np.ndarray) -> None:
+        """Keep only the series ``rows`` (in that order; series ``j`` is then old series
+        ``rows[j]``) and free the others. A row past the current series starts in warm-up."""
+        r = _as_rows(rows)
+        old = self.n_series_
+        if old is None:
+            return
+        have = r < old
+        for name in self._STATE:
+            arr = getattr(self, name)
+            new = np.zeros((r.size, *arr.shape[1:]), dtype=arr.dtype)
+            new[have] = arr[r[have]]
+            setattr(self, name, new)
+        self.last_ = {}
+
     def reset_rows(self, rows: np.ndarray) -> None:
         """Forget some series: they start from warm-up again (the others are kept)."""
         r = _as_rows(rows)

@@ -255,6 +255,16 @@ class TimeRing:
             setattr(self, name, arr)
         self.cap = cap
 
+    def select(self, keep: np.ndarray, cap: int) -> None:
+        """Keep rows ``keep`` (row ``j`` is then old row ``keep[j]``) in arrays of ``cap`` rows."""
+        n = len(keep)
+        for name in ("tot", "nread", "acc", "nr", "last"):
+            old = getattr(self, name)
+            arr = np.full((cap, *old.shape[1:]), -1 if name == "last" else 0, dtype=old.dtype)
+            arr[:n] = old[keep]
+            setattr(self, name, arr)
+        self.cap = cap
+
     def reset(self, i: int) -> None:
         """Forget node row ``i`` (its next sample starts a new history)."""
         self.tot[i] = 0
@@ -357,6 +367,37 @@ class _NodeRows:
         self.rank.append(0)
         return i
 
+    def forget(self, names: Iterable[str]) -> int:
+        """Free the rows of ``names`` (nodes this worker no longer reads); the arrays are
+        compacted and shrunk. How many rows were freed."""
+        drop = {self.index[n] for n in names if n in self.index}
+        if not drop:
+            return 0
+        keep = np.fromiter((i for i in range(len(self.names)) if i not in drop), dtype=np.int64)
+        n = len(keep)
+        cap = max(64, n + n // 4)
+        for name, (shape, dtype) in self._all_fields().items():
+            old = getattr(self, name)
+            arr = np.full((cap, *shape), np.nan if name == "seen_ts" else 0, dtype=dtype)
+            arr[:n] = old[keep]
+            setattr(self, name, arr)
+        for ring in self._rings():
+            ring.select(keep, cap)
+        for attr in ("names", "last_seen", "stamp", "rank", *self._row_lists()):
+            old_list = getattr(self, attr)
+            setattr(self, attr, [old_list[i] for i in keep])
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.cap = cap
+        self._selected(keep)
+        return len(drop)
+
+    def _row_lists(self) -> tuple[str, ...]:
+        """Per-row Python lists of a subclass (kept in step with the arrays)."""
+        return ()
+
+    def _selected(self, keep: np.ndarray) -> None:
+        """A subclass's other per-row state after :meth:`forget` kept rows ``keep``."""
+
     def accept(self, i: int, ts: float, batch: int) -> int | None:
         """The round of batch ``batch`` that node ``i``'s sample at ``ts`` goes to, or
         None when the sample is late (not after the node's last accepted one)."""
@@ -411,6 +452,15 @@ class GpuFleetState(_NodeRows):
 
     def _rings(self) -> list[TimeRing]:
         return [self.rates, self.throttled]
+
+    def _row_lists(self) -> tuple[str, ...]:
+        return ("seen", "quiet")
+
+    def _selected(self, keep: np.ndarray) -> None:
+        g = self.g
+        series = (keep[:, None] * g + np.arange(g)).ravel()
+        for bank in self.banks.values():
+            bank.select_rows(series)
 
     def _fields(self) -> dict[str, tuple[tuple[int, ...], Any]]:
         g, c, tb = self.g, len(RATE_COUNTERS), self.tb
@@ -474,6 +524,13 @@ class GpuDetection:
 
     def nbytes(self) -> int:
         return sum(f.nbytes() for f in self.fleets.values())
+
+    def forget(self, names: Iterable[str]) -> int:
+        """Free the state of ``names`` (their partitions went to another worker): a node
+        seen again starts over, as a new node. How many nodes were freed."""
+        gone = set(names)
+        self.cooldown.last = {k: v for k, v in self.cooldown.last.items() if k[0] not in gone}
+        return sum(f.forget(gone) for f in self.fleets.values())
 
     def _fleet(self, g: int) -> GpuFleetState:
         f = self.fleets.get(g)
@@ -693,6 +750,9 @@ class NetFleetState(_NodeRows):
     def _rings(self) -> list[TimeRing]:
         return [self.symbols]
 
+    def _row_lists(self) -> tuple[str, ...]:
+        return ("wiring", "hkey", "ports", "switches")
+
     def _fields(self) -> dict[str, tuple[tuple[int, ...], Any]]:
         p = self.p
         fw, c = self.fw, len(FABRIC_COUNTERS)
@@ -775,6 +835,16 @@ class NetworkDetection:
 
     def nbytes(self) -> int:
         return sum(f.nbytes() for f in self.fleets.values())
+
+    def forget(self, names: Iterable[str]) -> int:
+        """As :meth:`GpuDetection.forget`; the fabric model and its training sample stay
+        (they describe the fabric, not one node)."""
+        gone = set(names)
+        self.cooldown.last = {k: v for k, v in self.cooldown.last.items() if k[0] not in gone}
+        freed = {n for f in self.fleets.values() for n in f.names if n in gone}
+        for f in self.fleets.values():
+            f.forget(gone)
+        return len(freed)
 
     def process(self, samples: Iterable[NetworkSample]) -> list[Anomaly]:
         out: list[Anomaly] = []

@@ -503,6 +503,13 @@ def run(*, bootstrap: str, nodes: int, rounds: int, net_every: int, latency_seco
         "two_worker_speedup": (two["samples_per_s"] / one_rate) if two else None,
         "actuation": act,
         "mem_mb_per_1k_nodes": mem_per_1k,
+        # memory per worker (resident, whole process) when two workers share the fleet, as a
+        # share of one worker's: the state follows the partitions
+        "mem_per_worker_mb_one": one["rss_bytes"][0] / 1e6,
+        "mem_per_worker_mb_two": (max(two["rss_bytes"]) / 1e6) if two else None,
+        "mem_per_worker_ratio_two_vs_one": (max(two["rss_bytes"]) / one["rss_bytes"][0]) if two else None,
+        "detector_state_ratio_two_vs_one": (max(two["detector_state_bytes"]) / one["detector_state_bytes"][0])
+        if two and one["detector_state_bytes"][0] else None,
         "detector_state_mb_per_1k_nodes": one["detector_state_bytes"][0] / 1e6 / nodes * 1000,
         "one_worker": one, "two_workers": two,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -532,6 +539,9 @@ def table(r: dict[str, Any]) -> str:
          f"{r['actuation']['ratio']:.2f} (min {r['actuation']['ratio_min']:.2f}, max {r['actuation']['ratio_max']:.2f})"),
         ("memory per 1,000 nodes", f"{r['mem_mb_per_1k_nodes']:.1f} MB RSS "
                                    f"({r['detector_state_mb_per_1k_nodes']:.1f} MB detector state)"),
+        ("memory per worker, 2 vs 1", "-" if r.get("mem_per_worker_ratio_two_vs_one") is None else
+         f"{r['mem_per_worker_mb_two']:.0f} MB vs {r['mem_per_worker_mb_one']:.0f} MB: ratio "
+         f"{r['mem_per_worker_ratio_two_vs_one']:.2f} (detector state {r['detector_state_ratio_two_vs_one']:.2f})"),
     ]
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)

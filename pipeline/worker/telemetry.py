@@ -34,6 +34,9 @@ def install(w: Wiring) -> None:
     telemetry_watermark, release = w.telemetry_watermark, w.release
     dead_raw, count_ok, emit_anomalies = w.dead_raw, w.count_ok, w.emit_anomalies
     t_gpu, t_net = w.topic("telemetry.gpu"), w.topic("telemetry.network")
+    #: per telemetry topic, the partition each node's samples came from: the nodes of
+    #: partitions assigned to another worker are forgotten (their detector state freed)
+    where: dict[str, dict[str, int]] = {}
 
     async def handle_telemetry(msgs: list[Any], model: type[Record], detection: Any, what: str,
                                after: Any = None) -> None:
@@ -71,6 +74,9 @@ def install(w: Wiring) -> None:
                         await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, late_reason(r), result="late")
             if samples:
                 count_ok(msgs[0].topic, len(samples) - len(detection.refused))
+                seen_in = where.setdefault(msgs[0].topic, {})
+                for x, part in zip(samples, parts):
+                    seen_in[x.node] = part
                 newest: dict[int, float] = {}
                 for x, part in zip(samples, parts):
                     if x.ts > newest.get(part, 0.0):
@@ -145,6 +151,23 @@ def install(w: Wiring) -> None:
                     h = w.core.node(x.node)
                     w.api.saw_node(x.node, h["state"] if h else NodeState.healthy.value, h or {})
 
+    def forget_moved(assigned: Any) -> None:
+        """State follows ownership: after a rebalance, free the detector state of the nodes
+        whose partitions this worker no longer holds; a node that comes back later warms
+        up again from its telemetry (its rate windows start empty)."""
+        for topic, nodes in where.items():
+            mine = {tp.partition for tp in assigned if tp.topic == topic}
+            gone = [n for n, part in nodes.items() if part not in mine]
+            if not gone:
+                continue
+            detection = telemetry[topic][1]
+            freed = detection.forget(gone)
+            for n in gone:
+                del nodes[n]
+            stats["nodes_forgotten"] += freed
+            log.info("freed the detector state of %d nodes of %s (their partitions moved to another worker)",
+                     freed, topic)
+
     telemetry = {specs["telemetry.gpu"].name: (GpuSample, gpu_detection, "GPU", after_gpu),
                  specs["telemetry.network"].name: (NetworkSample, net_detection, "network", after_network)}
 
@@ -205,7 +228,7 @@ def install(w: Wiring) -> None:
                     await commit()
 
                 async def on_partitions_assigned(self, assigned: Any) -> None:
-                    return None
+                    forget_moved(assigned)
 
             consumer.subscribe(list(telemetry), listener=OnRebalance())
             await consumer.start()

@@ -28,6 +28,9 @@ from pipeline.detect.glue import GpuDetection, LaggedWatermark, NetworkDetection
 from pipeline.worker.metrics import Metrics
 from pipeline.worker.topics import TopicSpec, topic_specs
 
+#: detector rows allocated at start (they grow with the nodes a worker is given)
+INITIAL_ROWS = 1024
+
 log = logging.getLogger("fleetmedic")
 
 #: the tables, each co-partitioned with the sources of the agent that writes it
@@ -63,7 +66,7 @@ class Wiring:
     switch_marks: LaggedWatermark = field(default_factory=lambda: LaggedWatermark(0.0))
     stats: dict[str, Any] = field(default_factory=lambda: {
         "records": 0, "telemetry": 0, "deadletters": 0, "duplicates": 0, "anomalies": 0, "verdicts": 0,
-        "actions": 0, "first_telemetry_at": 0.0, "last_telemetry_at": 0.0})
+        "actions": 0, "first_telemetry_at": 0.0, "last_telemetry_at": 0.0, "nodes_forgotten": 0})
     timing: dict[str, float] = field(default_factory=lambda: {"decode_s": 0.0, "detect_s": 0.0})
     #: handles made at run time (the actuation, its runner, the batch telemetry consumer, ...)
     state: dict[str, Any] = field(default_factory=lambda: {
@@ -104,8 +107,10 @@ class Wiring:
             actuation_source=source("verdicts", "internal.actions", s.kafka.decision_partitions),
             node_source=source("anomalies", "internal.node-notices", s.kafka.partitions),
             job_source=source("telemetry.job", "internal.job-notices", s.kafka.partitions),
-            gpu_detection=GpuDetection(s.detectors, capacity=s.safety.fleet_size),
-            net_detection=NetworkDetection(s.detectors, capacity=s.safety.fleet_size, net=s.network),
+            # rows for the nodes this worker sees, grown as they appear (a quarter at a time):
+            # sized for the whole fleet, each of two workers held the state of all of it
+            gpu_detection=GpuDetection(s.detectors, capacity=INITIAL_ROWS),
+            net_detection=NetworkDetection(s.detectors, capacity=INITIAL_ROWS, net=s.network),
             peer_detection=PeerDetection(s.detectors),
             breaker=CircuitBreaker(max_fraction=s.safety.max_fraction, max_absolute=s.safety.max_absolute,
                                    window_s=s.safety.window_s),

@@ -407,3 +407,70 @@ def test_readiness_needs_partitions_no_rebalance_and_a_caught_up_consumer() -> N
     assert not readiness(assigned=True, rebalancing=True, lags=lags, max_lag=10)["ready"]
     assert not readiness(assigned=False, rebalancing=False, lags={}, max_lag=10)["ready"]
     assert not readiness(assigned=True, rebalancing=False, lags=lags, max_lag=10, control_loaded=False)["ready"]
+
+
+def _interleave(per_node: dict[str, list]) -> list:
+    """Samples of several nodes, round by round (as a fleet reports)."""
+    rounds = zip(*per_node.values())
+    return [s for rnd in rounds for s in rnd]
+
+
+def _temps(node: str, n: int, *, jump_at: int | None = None, seed: int = 0) -> list:
+    """A busy node's samples; from ``jump_at`` GPU 2 runs 15 C hotter (a univariate drift)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        temp = rng.normal(66.0, 0.6, GPUS)
+        if jump_at is not None and i >= jump_at:
+            temp[2] += 15.0
+        out.append(gpu_sample(node, T0 + i * 10.0, temp=temp.round(1).tolist(), util=[97.0] * GPUS))
+    return out
+
+
+def test_forgetting_nodes_frees_their_rows_and_leaves_the_others_findings_exactly_as_they_were() -> None:
+    """A worker that loses partitions frees their nodes' state; the nodes it keeps find
+    what a worker that never saw the others finds, to the timestamp."""
+    kept = {"node-b": sbe_ramp(400, node="node-b", gpu=5, start=200, seed=1),
+            "node-d": _temps("node-d", 400, jump_at=300, seed=2)}
+    gone = {"node-a": sbe_ramp(400, node="node-a", gpu=1, start=100, seed=3),
+            "node-c": _temps("node-c", 400, seed=4)}
+    settings = DetectorSettings(univariate=True)
+    both = GpuDetection(settings)
+    alone = GpuDetection(settings)
+    first = _interleave({**gone, **kept})[: 4 * 150]
+    rest = _interleave(kept)[2 * 150:]
+
+    def key(found: list) -> list:
+        return [(a.ts, a.node, a.gpu, a.kind) for a in found if a.node in kept]
+
+    early = key(both.process(first))
+    big = both.nbytes()
+    assert both.forget(["node-a", "node-c", "node-x"]) == 2
+    assert both.nodes == 2 and both.nbytes() < big
+    late = key(both.process(rest))
+    expected = alone.process(_interleave(kept)[: 2 * 150]), alone.process(rest)
+    assert early == key(expected[0])
+    assert late == key(expected[1])
+    assert {node for _, node, _, _ in late} == {"node-b", "node-d"}  # the ramp and the drift, after forgetting
+    # a forgotten node seen again starts over, as a new node
+    again = gone["node-a"][300]
+    assert both.process([again]) == [] and both.nodes == 3
+
+
+def test_forgetting_fabric_nodes_keeps_the_others_rows() -> None:
+    from pipeline.detect.glue import NetworkDetection
+
+    from .test_network_detect import healthy
+
+    det = NetworkDetection(DetectorSettings())
+    for k in range(5):
+        det.process([healthy(T0 + k * 10.0, k, node=f"n{i:03d}") for i in range(200)])
+    big = det.nbytes()
+    assert det.forget([f"n{i:03d}" for i in range(200) if i % 4]) == 150
+    assert det.nodes == 50 and det.nbytes() < big / 2
+    f = next(iter(det.fleets.values()))
+    assert f.names == [f"n{i:03d}" for i in range(0, 200, 4)]
+    assert len(f.hkey) == len(f.ports) == len(f.switches) == len(f.wiring) == 50
+    # a late sample of a kept node is still refused: its last time was kept with it
+    det.process([healthy(T0 + 5.0, 0, node="n004")])
+    assert det.late == 1
