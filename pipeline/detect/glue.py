@@ -525,6 +525,14 @@ class GpuDetection:
     def nbytes(self) -> int:
         return sum(f.nbytes() for f in self.fleets.values())
 
+    def reserve(self, rows: int) -> None:
+        """Make room for ``rows`` nodes per GPU count before they arrive (growing the arrays
+        a quarter at a time as nodes appear costs a copy each time)."""
+        self.capacity = max(64, rows)
+        for f in self.fleets.values():
+            if f.cap < self.capacity:
+                f._grow(self.capacity)
+
     def forget(self, names: Iterable[str]) -> int:
         """Free the state of ``names`` (their partitions went to another worker): a node
         seen again starts over, as a new node. How many nodes were freed."""
@@ -835,6 +843,13 @@ class NetworkDetection:
 
     def nbytes(self) -> int:
         return sum(f.nbytes() for f in self.fleets.values())
+
+    def reserve(self, rows: int) -> None:
+        """As :meth:`GpuDetection.reserve`."""
+        self.capacity = max(64, rows)
+        for f in self.fleets.values():
+            if f.cap < self.capacity:
+                f._grow(self.capacity)
 
     def forget(self, names: Iterable[str]) -> int:
         """As :meth:`GpuDetection.forget`; the fabric model and its training sample stay

@@ -152,9 +152,16 @@ def install(w: Wiring) -> None:
                     w.api.saw_node(x.node, h["state"] if h else NodeState.healthy.value, h or {})
 
     def forget_moved(assigned: Any) -> None:
-        """State follows ownership: after a rebalance, free the detector state of the nodes
-        whose partitions this worker no longer holds; a node that comes back later warms
-        up again from its telemetry (its rate windows start empty)."""
+        """State follows ownership: after a rebalance, make room for this worker's share of
+        the fleet (``safety.fleet_size`` times its share of the partitions, plus a tenth),
+        and free the detector state of the nodes whose partitions it no longer holds; a
+        node that comes back later warms up again from its telemetry (its rate windows
+        start empty)."""
+        if s.safety.fleet_size:
+            for topic, (_, detection, _, _) in telemetry.items():
+                share = sum(1 for tp in assigned if tp.topic == topic) / s.kafka.partitions
+                if share:
+                    detection.reserve(int(s.safety.fleet_size * share * 1.1))
         for topic, nodes in where.items():
             mine = {tp.partition for tp in assigned if tp.topic == topic}
             gone = [n for n, part in nodes.items() if part not in mine]

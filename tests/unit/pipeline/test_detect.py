@@ -474,3 +474,16 @@ def test_forgetting_fabric_nodes_keeps_the_others_rows() -> None:
     # a late sample of a kept node is still refused: its last time was kept with it
     det.process([healthy(T0 + 5.0, 0, node="n004")])
     assert det.late == 1
+
+
+def test_reserved_rows_are_allocated_once_and_findings_do_not_change() -> None:
+    samples = sbe_ramp(300, node="node-b", gpu=5, start=150, seed=1)
+    plain, reserved = GpuDetection(DetectorSettings()), GpuDetection(DetectorSettings())
+    reserved.reserve(3000)
+    assert [(a.ts, a.kind) for a in plain.process(samples)] == [(a.ts, a.kind) for a in reserved.process(samples)]
+    f = next(iter(reserved.fleets.values()))
+    assert f.cap == 3000
+    reserved.process([gpu_sample(f"n{i:04d}", T0 + 5000.0) for i in range(2500)])
+    assert f.cap == 3000 and reserved.nodes == 2501  # no growth: the room was there
+    reserved.reserve(4000)
+    assert f.cap == 4000 and f.names[0] == "node-b"
