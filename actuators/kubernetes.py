@@ -204,13 +204,22 @@ def _status_message(exc: ApiException) -> str:
     return str(exc.reason or "")
 
 
+class Conflict(TemporaryError):
+    """HTTP 409 on a conditional write: the object changed since it was read."""
+
+
+#: immediate re-reads after a conflict before the action is tried again later (a node's
+#: resourceVersion also moves with every status update, so conflicts are routine)
+CONFLICT_RETRIES = 3
+
+
 def map_api_error(exc: ApiException, what: str, now: datetime | None = None) -> ActuatorError:
     """The typed error for a failed call; ``what`` says which call on which object."""
     status = exc.status or 0
     text = f"{what}: HTTP {status} {_status_message(exc)}".rstrip()
+    if status == 409:
+        return Conflict(text + " (changed concurrently; re-read and retry)", delay=_retry_after(exc, now or _utcnow()))
     if status == 0 or status in _TEMPORARY_STATUSES or status >= 500:
-        if status == 409:
-            text += " (changed concurrently; re-read and retry)"
         return TemporaryError(text, delay=_retry_after(exc, now or _utcnow()))
     if status == 404:
         return PermanentError(f"{what}: not found")
@@ -565,6 +574,16 @@ class KubernetesBackend:
         re-sent whole, foreign taints preserved; ``fleetmedic.dev/cordoned`` only when
         it was not cordoned before), then the condition, then an Event.
         """
+        for left in range(CONFLICT_RETRIES, -1, -1):
+            try:
+                return await self._isolate_once(request)
+            except Conflict:
+                if not left:
+                    raise
+                log.debug("isolate %s: the node changed since it was read; reading it again", request.target)
+        raise AssertionError("unreachable")
+
+    async def _isolate_once(self, request: ActionRequest) -> ActionResult:
         name = request.target
         view = self._view(await self._read_node(name))
         if view.ours and view.cordoned and view.quarantined:

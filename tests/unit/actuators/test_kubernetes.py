@@ -42,6 +42,7 @@ from actuators.kubernetes import (
     ANNOTATION_VERDICT,
     CONDITION_QUARANTINE,
     JOBSET_NAME_LABEL,
+    Conflict,
     KubernetesBackend,
     diagnostics_job_name,
 )
@@ -484,13 +485,25 @@ async def test_isolate_taint_value_is_the_fault_class_else_suspect(
     assert taint_keys(core.node("n2")) == [(TAINT, "nvlink")]  # already isolated: unchanged
 
 
-async def test_isolate_a_concurrently_changed_node_is_temporary_and_a_retry_succeeds(
+async def test_isolate_rereads_a_concurrently_changed_node_and_applies_at_once(
     backend: KubernetesBackend, core: FakeCoreV1Api
 ) -> None:
     core.add_node("n1")
-    core.fail("patch_node", api_error(409, "the object has been modified"))
-    with pytest.raises(TemporaryError, match="409"):
+    core.fail("patch_node", *[api_error(409, "the object has been modified")] * 2)
+    assert (await backend.apply(req(ActionName.isolate, "n1"))).outcome is Outcome.applied
+    assert len(core.calls_to("read_node")) == 3 and len(core.calls_to("patch_node")) == 3
+    assert core.node("n1").spec.unschedulable
+
+
+async def test_isolate_on_a_node_that_keeps_changing_is_temporary_and_a_later_try_succeeds(
+    backend: KubernetesBackend, core: FakeCoreV1Api
+) -> None:
+    core.add_node("n1")
+    core.fail("patch_node", *[api_error(409, "the object has been modified")] * 4)
+    with pytest.raises(TemporaryError, match="409") as caught:
         await backend.apply(req(ActionName.isolate, "n1"))
+    assert type(caught.value) is Conflict  # a TemporaryError: the runner tries it again later
+    assert len(core.calls_to("patch_node")) == 4
     assert (await backend.apply(req(ActionName.isolate, "n1"))).outcome is Outcome.applied
 
 
@@ -752,7 +765,7 @@ async def test_escalate_annotates_and_emits_an_event_once(backend: KubernetesBac
 
 @pytest.mark.parametrize(
     ("status", "error"),
-    [(503, TemporaryError), (500, TemporaryError), (429, TemporaryError), (409, TemporaryError),
+    [(503, TemporaryError), (500, TemporaryError), (429, TemporaryError),
      (403, PermanentError), (401, PermanentError), (400, PermanentError), (422, PermanentError)],
 )
 async def test_api_statuses_map_to_typed_errors(
