@@ -574,13 +574,20 @@ class KubernetesBackend:
         re-sent whole, foreign taints preserved; ``fleetmedic.dev/cordoned`` only when
         it was not cordoned before), then the condition, then an Event.
         """
+        return await self._reread_on_conflict(self._isolate_once, request)
+
+    async def _reread_on_conflict(self, once: Callable[[ActionRequest], Awaitable[ActionResult]],
+                                  request: ActionRequest) -> ActionResult:
+        """``once`` (observe, compare, act with a conditional write), again at once after
+        a conflict, up to :data:`CONFLICT_RETRIES` times."""
         for left in range(CONFLICT_RETRIES, -1, -1):
             try:
-                return await self._isolate_once(request)
+                return await once(request)
             except Conflict:
                 if not left:
                     raise
-                log.debug("isolate %s: the node changed since it was read; reading it again", request.target)
+                log.debug("%s %s: the node changed since it was read; reading it again",
+                          request.action.value, request.target)
         raise AssertionError("unreachable")
 
     async def _isolate_once(self, request: ActionRequest) -> ActionResult:
@@ -622,6 +629,9 @@ class KubernetesBackend:
         clears our annotations and sets the condition ``False``.  A cordon someone else
         set stays, and the detail says so.
         """
+        return await self._reread_on_conflict(self._return_once, request)
+
+    async def _return_once(self, request: ActionRequest) -> ActionResult:
         name = request.target
         view = self._view(await self._read_node(name))
         annotations = _annotations(view.node)
