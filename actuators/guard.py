@@ -28,6 +28,10 @@ class CircuitBreaker:
     window_s: float = 3600.0
     min_budget: int = 1
     _events: deque[tuple[float, str]] = field(default_factory=deque, init=False, repr=False)
+    #: isolations counted per node in the window (``_events`` by node, for O(1) lookups)
+    _count: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    #: how many times the window changed: a caller keeping a copy writes it only then
+    changes: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.max_fraction <= 1.0:
@@ -46,7 +50,16 @@ class CircuitBreaker:
 
     def _expire(self, now: float) -> None:
         while self._events and self._events[0][0] <= now - self.window_s:
-            self._events.popleft()
+            _, node = self._events.popleft()
+            self._forget_one(node)
+            self.changes += 1
+
+    def _forget_one(self, node: str) -> None:
+        left = self._count.get(node, 0) - 1
+        if left > 0:
+            self._count[node] = left
+        else:
+            self._count.pop(node, None)
 
     def used(self, now: float) -> int:
         self._expire(now)
@@ -57,7 +70,7 @@ class CircuitBreaker:
         self._expire(now)
         budget = self.budget(fleet_size)
         used = len(self._events)
-        if any(n == node for _, n in self._events):
+        if node in self._count:
             return BreakerDecision(True, used, budget, "already counted in this window")
         if used >= budget:
             return BreakerDecision(
@@ -68,14 +81,24 @@ class CircuitBreaker:
                 f"budget {budget} (max {self.max_fraction:.0%} of {fleet_size} nodes, cap {self.max_absolute})",
             )
         self._events.append((now, node))
+        self._count[node] = self._count.get(node, 0) + 1
+        self.changes += 1
         return BreakerDecision(True, used + 1, budget, "within budget")
 
     def release(self, node: str) -> None:
         """Forget a counted isolation that did not happen (for example it failed)."""
+        if node not in self._count:
+            return
         self._events = deque((t, n) for t, n in self._events if n != node)
+        del self._count[node]
+        self.changes += 1
 
     def snapshot(self) -> list[tuple[float, str]]:
         return list(self._events)
 
     def restore(self, events: list[tuple[float, str]]) -> None:
         self._events = deque(sorted((float(t), str(n)) for t, n in events))
+        self._count = {}
+        for _, n in self._events:
+            self._count[n] = self._count.get(n, 0) + 1
+        self.changes += 1

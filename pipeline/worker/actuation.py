@@ -129,6 +129,17 @@ def install(w: Wiring) -> tuple[Any, ...]:
     alerts = build_alerts(s, record_action)
     app.fleetmedic_alerts = alerts  # type: ignore[attr-defined]
 
+    written = {"changes": -1}
+
+    def keep_breaker() -> None:
+        """The breaker's window into its table when it changed: a copy on every step cost a
+        write of the whole window (thousands of isolations in a burst) per action."""
+        if breaker.changes != written["changes"]:
+            snap = breaker.snapshot()
+            breaker_state["isolations"] = snap
+            metrics.breaker_used.set(len(snap))
+            written["changes"] = breaker.changes
+
     async def settle_step(event: Any) -> None:
         """A try's result, from the runner: kept (retry) or settled (done)."""
         step = await decode_event(event, ActionStep)
@@ -147,8 +158,7 @@ def install(w: Wiring) -> tuple[Any, ...]:
         assert step.record is not None
         records = await actuation().finish(Work.from_dict(step.work), step.record)
         del action_pending[step.key]
-        breaker_state["isolations"] = breaker.snapshot()
-        metrics.breaker_used.set(len(breaker.snapshot()))
+        keep_breaker()
         for r in records:
             await record_action(r)
 
@@ -176,8 +186,7 @@ def install(w: Wiring) -> tuple[Any, ...]:
                 log.exception("actuation failed for verdict %s", rec.id)
                 await send_dead(event, f"actuation error: {exc!r}")
                 continue
-            breaker_state["isolations"] = breaker.snapshot()
-            metrics.breaker_used.set(len(breaker.snapshot()))
+            keep_breaker()
             metrics.breaker_budget.set(breaker.budget(fleet_size()))
             for step in planned:
                 if isinstance(step, Work):

@@ -83,3 +83,23 @@ def test_a_restored_breaker_remembers_the_isolations_of_the_window() -> None:
     assert restored.snapshot() == [(T, "n1"), (T + 100, "n2")]
     assert not restored.check("n3", 20, T + 200).allowed
     assert restored.check("n3", 20, T + 600).allowed  # n1 has left the window
+
+
+def test_the_breaker_counts_its_changes_and_keeps_its_node_index_through_expiry_release_and_restore() -> None:
+    b = CircuitBreaker(max_fraction=1.0, max_absolute=100, window_s=100.0)
+    assert b.check("n1", 100, 0.0).allowed and b.check("n2", 100, 10.0).allowed
+    seen = b.changes
+    assert b.check("n1", 100, 20.0).reason == "already counted in this window"
+    assert b.changes == seen  # a repeat changes nothing: no copy needs writing
+    b.release("n9")
+    assert b.changes == seen
+    b.release("n1")
+    assert b.changes == seen + 1 and b.used(20.0) == 1
+    assert b.check("n1", 100, 30.0).reason == "within budget"  # released: counted afresh
+    assert b.used(105.0) == 2 and b.changes == seen + 2  # n1 at 30 and n2 at 10 still in
+    assert b.used(111.0) == 1  # n2 expired
+    assert b.check("n2", 100, 111.0).reason == "within budget"
+    copy = CircuitBreaker(max_fraction=1.0, max_absolute=100, window_s=100.0)
+    copy.restore(b.snapshot())
+    assert copy.check("n1", 100, 112.0).reason == "already counted in this window"
+    assert copy.check("n2", 100, 112.0).reason == "already counted in this window"
