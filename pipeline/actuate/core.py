@@ -400,9 +400,16 @@ class ActionRunner:
         if room <= 0:
             return 0
         due: list[tuple[int, int, str]] = []
+        owned: dict[int, bool] = {}  # asked once per partition per call: the answer walks the assignment
+
+        def owns(partition: int) -> bool:
+            if partition not in owned:
+                owned[partition] = self.owns(partition)
+            return owned[partition]
+
         for target in list(self.queues):
             q = self.queues[target]
-            while q and not self.owns(q[0].partition):
+            while q and not owns(q[0].partition):
                 self.keys.discard(q.pop(0).key)  # its partition moved to another worker
             if not q:
                 del self.queues[target]
