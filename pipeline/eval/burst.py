@@ -11,7 +11,8 @@
    Event, then the drain and a diagnostics Job, as it would in production. A watch on
    the Nodes records when each node is cordoned, tainted and conditioned. ``seconds``
    runs from the first sample sent to the last node done; ``verdict_to_cordon`` from the
-   moment each verdict is on the ``verdicts`` topic to its node done.
+   moment each verdict is on the ``verdicts`` topic to its node done. Before the next run
+   the worker finishes the burst's drains and diagnostics.
 3. **The raw limit.** On as many other nodes, the same writes that make a node done (the
    spec patch with the cordon and the taint, the status patch with the condition) from
    the same client library, in ``threads`` parallel threads, with nothing else in the
@@ -260,6 +261,19 @@ async def _fleetmedic_burst(bootstrap: str, s: Any, names: list[str], watch: Nod
             "verdicts_seen": len(lat)}
 
 
+def settle(worker: WorkerProcess, timeout: float) -> bool:
+    """Wait until the worker has no action left to try (the drains and diagnostics that
+    follow each isolation), so that the next run starts on a quiet API server."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        st = worker.stats()
+        if not st.get("actions_waiting"):
+            time.sleep(1.0)
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def _median(runs: list[dict[str, Any]], key: str) -> dict[str, float | None]:
     xs = [r[key] for r in runs if r.get(key) is not None]
     if not xs:
@@ -303,6 +317,7 @@ def run(*, nodes: int = 10_000, sizes: tuple[int, ...] = SIZES, runs: int = 3, t
         logdir.mkdir(parents=True, exist_ok=True)
         worker = WorkerProcess(wenv, logdir / f"{app}.log")
         wait_ready([worker])
+        assert worker is not None
         free = iter(names)
         by_size: dict[str, Any] = {}
         with NodeWatch(kubeconfig) as watch:
@@ -327,7 +342,8 @@ def run(*, nodes: int = 10_000, sizes: tuple[int, ...] = SIZES, runs: int = 3, t
                         f"({r['nodes_per_s']:.0f} nodes/s), raw limit {r['raw_limit_nodes_per_s']:.0f} nodes/s, "
                         f"ratio {r['ratio']:.2f}, verdict to cordon p50 {r['verdict_to_cordon_p50_s']:.2f} s "
                         f"p99 {r['verdict_to_cordon_p99_s']:.2f} s")
-                    time.sleep(3.0)  # the drains and diagnostics of this burst settle first
+                    # the drains and diagnostics of this burst settle before the next run
+                    settle(worker, 300.0)
                 summary: dict[str, Any] = {}
                 for key in ("seconds", "nodes_per_s", "raw_limit_nodes_per_s", "ratio", "verdict_to_cordon_p50_s",
                             "verdict_to_cordon_p99_s", "fault_to_done_p50_s"):
