@@ -79,8 +79,12 @@ def test_xid79_cordons_the_node_moves_the_job_and_returns_the_node_after_diagnos
     produce(bootstrap, [(worker.topic("telemetry.gpu"), "n3", gpu_sample("n3", time.time(), lost=lost, xids=[(2, 79)]))])
     kubelet.finish(first, failed=True, exit_code=1, reason="Error",
                    message="RuntimeError: CUDA error: unspecified launch failure")
-    wait_for("n3 cordoned and tainted",
-             lambda: c.node("n3").spec.unschedulable and (TAINT, "gpu_hardware", "NoSchedule") in c.taints("n3"), 60)
+    # one isolation is three writes (the cordon and taint, then the condition, then an
+    # Event): the test waits for all three, not for the first
+    wait_for("n3 cordoned, tainted, conditioned and an Event recorded",
+             lambda: c.node("n3").spec.unschedulable and (TAINT, "gpu_hardware", "NoSchedule") in c.taints("n3")
+             and c.condition("n3", CONDITION_QUARANTINE).status == "True"
+             and "FleetmedicIsolate" in {e.reason for e in c.events_about("n3")}, 60)
     cond = c.condition("n3", CONDITION_QUARANTINE)
     assert cond.status == "True"
     assert "FleetmedicIsolate" in {e.reason for e in c.events_about("n3")}
