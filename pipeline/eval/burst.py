@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import threading
 import time
 import uuid
@@ -44,10 +43,9 @@ import orjson
 
 from pipeline.config import load_settings
 from pipeline.eval.bench import fault_sample, machine
-from pipeline.worker.procs import ROOT, WorkerProcess, kafka_script, wait_ready
+from pipeline.worker.procs import K8S_SH, WorkerProcess, deploy_script, kafka_script, wait_ready
 from pipeline.worker.topics import ensure_topics
 
-K8S_SH = ROOT / "deploy" / "k8s.sh"
 SIZES = (100, 500, 1000)
 #: NVIDIA NVSentinel's published burst figures (1,000 simultaneous failures, every node
 #: cordoned in 16.3 s), for comparison only
@@ -57,17 +55,6 @@ CONDITION = "FleetmedicQuarantine"
 LABEL = "fleetmedic.bench/burst"
 
 Say = Callable[[str], None]
-
-
-def k8s_script(cmd: str, env: dict[str, str], timeout: float = 3600) -> str:
-    """``deploy/k8s.sh cmd``; its last line of output (``KUBECONFIG=...`` after ``start``).
-    Its progress (the first build takes minutes) goes to our standard error."""
-    res = subprocess.run(["bash", str(K8S_SH), cmd], env=env, stdout=subprocess.PIPE, stderr=None, text=True,
-                         timeout=timeout, stdin=subprocess.DEVNULL)
-    if res.returncode != 0:
-        raise RuntimeError(f"deploy/k8s.sh {cmd} failed (exit {res.returncode}); its log is above")
-    lines = res.stdout.strip().splitlines()
-    return lines[-1] if lines else ""
 
 
 def _now() -> str:
@@ -236,9 +223,8 @@ async def _fleetmedic_burst(bootstrap: str, s: Any, names: list[str], watch: Nod
     fol = asyncio.create_task(follow())
     try:
         t0 = time.time()
-        ts = t0
         for n in names:
-            await producer.send(s.topic("telemetry.gpu"), key=n.encode(), value=fault_sample(n, ts))
+            await producer.send(s.topic("telemetry.gpu"), key=n.encode(), value=fault_sample(n, t0))
         await producer.flush()
         ok = await asyncio.to_thread(watch.wait, names, timeout)
         await asyncio.sleep(0.5)
@@ -292,8 +278,8 @@ def run(*, nodes: int = 10_000, sizes: tuple[int, ...] = SIZES, runs: int = 3, t
     state = state_dir("bench-burst")
     env = {**os.environ, "FLEETMEDIC_STATE": str(state)}
     say(f"bench-burst: a fresh control plane in {state} (deploy/k8s.sh reset, start)")
-    k8s_script("reset", env)
-    kubeconfig = k8s_script("start", env).removeprefix("KUBECONFIG=")
+    deploy_script(K8S_SH, "reset", env, progress=True)
+    kubeconfig = deploy_script(K8S_SH, "start", env, timeout=3600, progress=True).removeprefix("KUBECONFIG=")
     say("bench-burst: the embedded Kafka broker")
     bootstrap = kafka_script("start", env)
     worker: WorkerProcess | None = None
@@ -368,7 +354,7 @@ def run(*, nodes: int = 10_000, sizes: tuple[int, ...] = SIZES, runs: int = 3, t
             worker.stop()
         if not keep_running:
             kafka_script("stop", env)
-            k8s_script("stop", env)
+            deploy_script(K8S_SH, "stop", env, progress=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
     say(table(result))

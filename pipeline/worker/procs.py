@@ -94,13 +94,24 @@ def wait_ready(workers: Sequence[WorkerProcess], timeout: float = 120) -> None:
 
 
 KAFKA_SH = ROOT / "deploy" / "kafka.sh"
+K8S_SH = ROOT / "deploy" / "k8s.sh"
+
+
+def deploy_script(script: Path, cmd: str, env: dict[str, str], *args: str, timeout: float = 300,
+                  progress: bool = False) -> str:
+    """Run ``deploy/<script> cmd [args]``; the last line of its output (the bootstrap or
+    ``KUBECONFIG=...`` after ``start``), or RuntimeError. Quiet, with the end of its error
+    output in the error; with ``progress`` its progress goes to our standard error (a first
+    build takes minutes)."""
+    res = subprocess.run(["bash", str(script), cmd, *args], env=env, stdout=subprocess.PIPE,
+                         stderr=None if progress else subprocess.PIPE, text=True, timeout=timeout,
+                         stdin=subprocess.DEVNULL)
+    if res.returncode != 0:
+        why = "its log is above" if progress else res.stderr[-2000:]
+        raise RuntimeError(f"deploy/{script.name} {' '.join([cmd, *args])} failed (exit {res.returncode}):\n{why}")
+    return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
 
 
 def kafka_script(cmd: str, env: dict[str, str], *args: str) -> str:
-    """Run ``deploy/kafka.sh cmd [args]`` quietly; the last line of its output (the bootstrap
-    after ``start``), or RuntimeError with the end of its error output."""
-    res = subprocess.run(["bash", str(KAFKA_SH), cmd, *args], env=env, capture_output=True, text=True, timeout=300,
-                         stdin=subprocess.DEVNULL)
-    if res.returncode != 0:
-        raise RuntimeError(f"deploy/kafka.sh {' '.join([cmd, *args])} failed:\n{res.stderr[-2000:]}")
-    return res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+    """``deploy/kafka.sh cmd [args]``, quietly (:func:`deploy_script`)."""
+    return deploy_script(KAFKA_SH, cmd, env, *args)
