@@ -244,24 +244,22 @@ class TimeRing:
         self.grow(capacity)
 
     def grow(self, cap: int) -> None:
-        old = self.cap
+        self._realloc(cap, slice(0, self.cap))
+
+    def select(self, keep: np.ndarray, cap: int) -> None:
+        """Keep rows ``keep`` (row ``j`` is then old row ``keep[j]``) in arrays of ``cap`` rows."""
+        self._realloc(cap, keep)
+
+    def _realloc(self, cap: int, rows: slice | np.ndarray) -> None:
+        """Arrays of ``cap`` rows holding the old ``rows`` first (none before the first call)."""
         for name, shape, dtype, fill in (("tot", (self.slots, *self.shape), self.dtype, 0),
                                          ("nread", (self.slots,), np.int32, 0),
                                          ("acc", self.shape, np.int64, 0), ("nr", (), np.int64, 0),
                                          ("last", (), np.int64, -1)):
             arr = np.full((cap, *shape), fill, dtype=dtype)
-            if old:
-                arr[:old] = getattr(self, name)[:old]
-            setattr(self, name, arr)
-        self.cap = cap
-
-    def select(self, keep: np.ndarray, cap: int) -> None:
-        """Keep rows ``keep`` (row ``j`` is then old row ``keep[j]``) in arrays of ``cap`` rows."""
-        n = len(keep)
-        for name in ("tot", "nread", "acc", "nr", "last"):
-            old = getattr(self, name)
-            arr = np.full((cap, *old.shape[1:]), -1 if name == "last" else 0, dtype=old.dtype)
-            arr[:n] = old[keep]
+            if self.cap:
+                kept = getattr(self, name)[rows]
+                arr[:len(kept)] = kept
             setattr(self, name, arr)
         self.cap = cap
 
@@ -346,14 +344,18 @@ class _NodeRows:
         return {**self._fields(), "seen_ts": ((SEEN_TS,), np.float64), "seen_at": ((), np.int64)}
 
     def _grow(self, cap: int) -> None:
-        n = len(self.names)
+        self._realloc(cap, slice(0, len(self.names)))
+        for ring in self._rings():
+            ring.grow(cap)
+
+    def _realloc(self, cap: int, rows: slice | np.ndarray) -> None:
+        """The row arrays at ``cap`` rows, holding the old ``rows`` first."""
         for name, (shape, dtype) in self._all_fields().items():
             arr = np.full((cap, *shape), np.nan if name == "seen_ts" else 0, dtype=dtype)
             if self.cap:
-                arr[:n] = getattr(self, name)[:n]
+                kept = getattr(self, name)[rows]
+                arr[:len(kept)] = kept
             setattr(self, name, arr)
-        for ring in self._rings():
-            ring.grow(cap)
         self.cap = cap
 
     def _add(self, name: str) -> int:
@@ -376,18 +378,13 @@ class _NodeRows:
         keep = np.fromiter((i for i in range(len(self.names)) if i not in drop), dtype=np.int64)
         n = len(keep)
         cap = max(64, n + n // 4)
-        for name, (shape, dtype) in self._all_fields().items():
-            old = getattr(self, name)
-            arr = np.full((cap, *shape), np.nan if name == "seen_ts" else 0, dtype=dtype)
-            arr[:n] = old[keep]
-            setattr(self, name, arr)
+        self._realloc(cap, keep)
         for ring in self._rings():
             ring.select(keep, cap)
         for attr in ("names", "last_seen", "stamp", "rank", *self._row_lists()):
             old_list = getattr(self, attr)
             setattr(self, attr, [old_list[i] for i in keep])
         self.index = {name: i for i, name in enumerate(self.names)}
-        self.cap = cap
         self._selected(keep)
         return len(drop)
 
@@ -485,7 +482,35 @@ class GpuFleetState(_NodeRows):
         return i
 
 
-class GpuDetection:
+class _FleetRows:
+    """What GPU and fabric detection share about their per-node rows: room made before
+    the nodes arrive, and the rows of nodes gone to another worker freed."""
+
+    capacity: int
+    fleets: dict[int, Any]
+    cooldown: Cooldown
+
+    def reserve(self, rows: int) -> None:
+        """Make room for ``rows`` nodes per fleet before they arrive (growing the arrays a
+        quarter at a time as nodes appear costs a copy each time)."""
+        self.capacity = max(64, rows)
+        for f in self.fleets.values():
+            if f.cap < self.capacity:
+                f._grow(self.capacity)
+
+    def forget(self, names: Iterable[str]) -> int:
+        """Free the state of ``names`` (their partitions went to another worker): a node
+        seen again starts over, as a new node. How many nodes were freed. (The fabric
+        model and its training sample stay: they describe the fabric, not one node.)"""
+        gone = set(names)
+        self.cooldown.last = {k: v for k, v in self.cooldown.last.items() if k[0] not in gone}
+        freed = {n for f in self.fleets.values() for n in f.names if n in gone}
+        for f in self.fleets.values():
+            f.forget(gone)
+        return len(freed)
+
+
+class GpuDetection(_FleetRows):
     """Runs the GPU detectors over batches of :class:`GpuSample`, vectorised over nodes.
 
     A batch is processed in rounds: round *k* holds the *k*-th sample of every node in
@@ -524,21 +549,6 @@ class GpuDetection:
 
     def nbytes(self) -> int:
         return sum(f.nbytes() for f in self.fleets.values())
-
-    def reserve(self, rows: int) -> None:
-        """Make room for ``rows`` nodes per GPU count before they arrive (growing the arrays
-        a quarter at a time as nodes appear costs a copy each time)."""
-        self.capacity = max(64, rows)
-        for f in self.fleets.values():
-            if f.cap < self.capacity:
-                f._grow(self.capacity)
-
-    def forget(self, names: Iterable[str]) -> int:
-        """Free the state of ``names`` (their partitions went to another worker): a node
-        seen again starts over, as a new node. How many nodes were freed."""
-        gone = set(names)
-        self.cooldown.last = {k: v for k, v in self.cooldown.last.items() if k[0] not in gone}
-        return sum(f.forget(gone) for f in self.fleets.values())
 
     def _fleet(self, g: int) -> GpuFleetState:
         f = self.fleets.get(g)
@@ -794,7 +804,7 @@ class NetFleetState(_NodeRows):
         return i
 
 
-class NetworkDetection:
+class NetworkDetection(_FleetRows):
     """Fast rules (link down, link flap) and a symbol-error rate test per port, vectorised
     over nodes with the same number of ports, in rounds as :class:`GpuDetection`."""
 
@@ -843,23 +853,6 @@ class NetworkDetection:
 
     def nbytes(self) -> int:
         return sum(f.nbytes() for f in self.fleets.values())
-
-    def reserve(self, rows: int) -> None:
-        """As :meth:`GpuDetection.reserve`."""
-        self.capacity = max(64, rows)
-        for f in self.fleets.values():
-            if f.cap < self.capacity:
-                f._grow(self.capacity)
-
-    def forget(self, names: Iterable[str]) -> int:
-        """As :meth:`GpuDetection.forget`; the fabric model and its training sample stay
-        (they describe the fabric, not one node)."""
-        gone = set(names)
-        self.cooldown.last = {k: v for k, v in self.cooldown.last.items() if k[0] not in gone}
-        freed = {n for f in self.fleets.values() for n in f.names if n in gone}
-        for f in self.fleets.values():
-            f.forget(gone)
-        return len(freed)
 
     def process(self, samples: Iterable[NetworkSample]) -> list[Anomaly]:
         out: list[Anomaly] = []
