@@ -364,12 +364,13 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
                 if delay > 0:
                     await asyncio.sleep(delay)
 
-        def kill(victim: WorkerProcess) -> None:
+        def kill(victim: WorkerProcess, *, planned: bool = True) -> None:
+            """SIGKILL ``victim``'s process group; ``planned`` kills count as the run's kills."""
             if not victim.alive():
                 stats["agent_crashes"] += 1  # it died on its own before we came
             os.killpg(victim.proc.pid, signal.SIGKILL)
             victim.proc.wait(10)
-            stats["kills"] += 1
+            stats["kills"] += planned
 
         async def operator(w: WorkerProcess, method: str, path: str,
                            body: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -479,11 +480,7 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
                 if not ready:
                     # counted as a failed recovery; the run goes on with a fresh worker, as the
                     # worker's supervisor (a Deployment, systemd) would start one
-                    if worker.alive():
-                        os.killpg(worker.proc.pid, signal.SIGKILL)
-                        worker.proc.wait(10)
-                    else:
-                        stats["agent_crashes"] += 1
+                    kill(worker, planned=False)
                     worker = WorkerProcess(wenv, logdir / f"worker-{tag}-{n}-restart.log")
                     await asyncio.to_thread(_wait_ready, worker, 180)
                 await close_window(phase)

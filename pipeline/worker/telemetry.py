@@ -74,9 +74,7 @@ def install(w: Wiring) -> None:
                         await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, late_reason(r), result="late")
             if samples:
                 count_ok(msgs[0].topic, len(samples) - len(detection.refused))
-                seen_in = where.setdefault(msgs[0].topic, {})
-                for x, part in zip(samples, parts):
-                    seen_in[x.node] = part
+                where.setdefault(msgs[0].topic, {}).update(zip([x.node for x in samples], parts))
                 newest: dict[int, float] = {}
                 for x, part in zip(samples, parts):
                     if x.ts > newest.get(part, 0.0):
