@@ -149,10 +149,12 @@ class Worker:
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fleetmedic-worker-{tag}.log"
         self.proc: WorkerProcess | None = None
 
-    def start(self, timeout: float = 90) -> "Worker":
+    def start(self, timeout: float = 90, *, wait: bool = True) -> "Worker":
+        """Start the process; with ``wait``, return once it is ready (else while it starts)."""
         asyncio.run(ensure_topics(self.settings))
         self.proc = WorkerProcess(self.env, self.log_path)
-        wait_ready([self.proc], timeout)
+        if wait:
+            wait_ready([self.proc], timeout)
         return self
 
     def ready(self) -> bool:

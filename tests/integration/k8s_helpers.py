@@ -26,6 +26,19 @@ DEPLOY_K8S = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 SERVICE_ACCOUNT = "system:serviceaccount:fleetmedic:fleetmedic"
 
 
+def kube_worker_env(kubeconfig: str, **settings: str) -> dict[str, str]:
+    """A worker's environment for the Kubernetes backend, acting as the deployment's
+    ServiceAccount, diagnostics in ``fleetmedic-diag``; ``settings`` add or override
+    ``FLEETMEDIC_*`` variables by their short name (``SAFETY__FLEET_SIZE="4"``)."""
+    return {
+        "FLEETMEDIC_ACTUATORS__BACKEND": "kubernetes",
+        "FLEETMEDIC_ACTUATORS__KUBECONFIG": kubeconfig,
+        "FLEETMEDIC_ACTUATORS__KUBE_AS": SERVICE_ACCOUNT,
+        "FLEETMEDIC_ACTUATORS__KUBE_DIAG_NAMESPACE": "fleetmedic-diag",
+        **{f"FLEETMEDIC_{k}": v for k, v in settings.items()},
+    }
+
+
 def now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -32,8 +32,8 @@ from pipeline.eval.audit import AuditLog, requests_from_audit
 from pipeline.eval.chaos import DRY_RUN_GRACE_S, crash_lines
 from pipeline.eval.groundtruth import InjectedFault, blocked_drains, check
 
-from .harness import GPUS, Worker, WorkerProcess, api_call, collect, gpu_sample, produce
-from .k8s_helpers import SERVICE_ACCOUNT, Cluster, FakeKubelet
+from .harness import GPUS, Worker, api_call, collect, gpu_sample, produce
+from .k8s_helpers import Cluster, FakeKubelet, kube_worker_env
 from .slurm_helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -109,17 +109,8 @@ def test_chaos_against_the_real_api_server_judged_from_its_audit_log(kafka_boots
     for n in nodes:
         labels = {"app": f"train-{tag}", **({"budget": tag} if n in budget_nodes else {})}
         c.core.create_namespaced_pod(ns, _pod(f"w-{n}", n, labels))
-    env = {
-        "FLEETMEDIC_ACTUATORS__BACKEND": "kubernetes",
-        "FLEETMEDIC_ACTUATORS__KUBECONFIG": k8s_deployed,
-        "FLEETMEDIC_ACTUATORS__KUBE_AS": SERVICE_ACCOUNT,
-        "FLEETMEDIC_ACTUATORS__KUBE_DIAG_NAMESPACE": "fleetmedic-diag",
-        "FLEETMEDIC_ACTUATORS__KUBE_JOB_NAMESPACE": ns,
-        "FLEETMEDIC_SAFETY__FLEET_SIZE": str(N_NODES),
-        "FLEETMEDIC_SAFETY__MAX_FRACTION": "0.75",
-        "FLEETMEDIC_SAFETY__MAX_ABSOLUTE": "100",
-        "FLEETMEDIC_ACTUATORS__MAX_DELAY_S": "5",
-    }
+    env = kube_worker_env(k8s_deployed, ACTUATORS__KUBE_JOB_NAMESPACE=ns, SAFETY__FLEET_SIZE=str(N_NODES),
+                          SAFETY__MAX_FRACTION="0.75", SAFETY__MAX_ABSOLUTE="100", ACTUATORS__MAX_DELAY_S="5")
     workers: list[Worker] = []
     faults: list[InjectedFault] = []
     dry_run: list[tuple[float, float]] = []
@@ -130,10 +121,7 @@ def test_chaos_against_the_real_api_server_judged_from_its_audit_log(kafka_boots
         kafka_env = {k: v for k, v in workers[-1].env.items() if k.startswith("FLEETMEDIC_KAFKA__")} if workers else {}
         w = Worker(kafka_bootstrap, sim_url="http://127.0.0.1:9", env={**env, **kafka_env})
         workers.append(w)
-        if wait:
-            return w.start()
-        w.proc = WorkerProcess(w.env, w.log_path)
-        return w
+        return w.start(wait=wait)
 
     def kill(w: Worker) -> None:
         assert w.alive(), f"the worker died on its own:\n{w.log_tail()}"

@@ -20,7 +20,7 @@ import pytest
 from schemas import Verdict
 
 from .harness import Worker, collect, produce
-from .k8s_helpers import SERVICE_ACCOUNT, Cluster, FakeKubelet
+from .k8s_helpers import Cluster, FakeKubelet, kube_worker_env
 from .slurm_helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -58,16 +58,8 @@ def test_a_pdb_blocked_drain_waits_holds_up_no_one_and_resumes_after_a_kill(kafk
         c.core.create_namespaced_pod(ns, _bare_pod(f"db-{i}", blocked))
     c.policy.create_namespaced_pod_disruption_budget(ns, {
         "metadata": {"name": "db"}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "db"}}}})
-    env = {
-        "FLEETMEDIC_ACTUATORS__BACKEND": "kubernetes",
-        "FLEETMEDIC_ACTUATORS__KUBECONFIG": k8s_deployed,
-        "FLEETMEDIC_ACTUATORS__KUBE_AS": SERVICE_ACCOUNT,
-        "FLEETMEDIC_ACTUATORS__KUBE_DIAG_NAMESPACE": "fleetmedic-diag",
-        "FLEETMEDIC_SAFETY__FLEET_SIZE": "200",
-        "FLEETMEDIC_SAFETY__MAX_FRACTION": "1.0",
-        "FLEETMEDIC_SAFETY__MAX_ABSOLUTE": "1000",
-        "FLEETMEDIC_ACTUATORS__MAX_DELAY_S": "5",
-    }
+    env = kube_worker_env(k8s_deployed, SAFETY__FLEET_SIZE="200", SAFETY__MAX_FRACTION="1.0",
+                          SAFETY__MAX_ABSOLUTE="1000", ACTUATORS__MAX_DELAY_S="5")
     workers: list[Worker] = []
     try:
         with FakeKubelet(c, {blocked, *others}):

@@ -19,7 +19,7 @@ from actuators.kubernetes import CONDITION_QUARANTINE
 from pipeline.eval.failures import excerpt
 
 from .harness import ROOT, Worker, collect, gpu_sample, produce
-from .k8s_helpers import SERVICE_ACCOUNT, Cluster, FakeKubelet, batch_job, wait_pod
+from .k8s_helpers import Cluster, FakeKubelet, kube_worker_env, batch_job, wait_pod
 from .slurm_helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -36,15 +36,8 @@ def k8s_loop(kafka_bootstrap, k8s_deployed, tmp_path_factory):
     for n in NODES:
         c.register_node(n, pool=POOL)
     ns = c.namespace("ml")
-    env = {
-        "FLEETMEDIC_ACTUATORS__BACKEND": "kubernetes",
-        "FLEETMEDIC_ACTUATORS__KUBECONFIG": k8s_deployed,
-        "FLEETMEDIC_ACTUATORS__KUBE_AS": SERVICE_ACCOUNT,
-        "FLEETMEDIC_ACTUATORS__KUBE_DIAG_NAMESPACE": "fleetmedic-diag",
-        "FLEETMEDIC_ACTUATORS__KUBE_JOB_NAMESPACE": ns,
-        "FLEETMEDIC_SAFETY__FLEET_SIZE": "4",
-        "FLEETMEDIC_SAFETY__MAX_FRACTION": "0.5",
-    }
+    env = kube_worker_env(k8s_deployed, ACTUATORS__KUBE_JOB_NAMESPACE=ns, SAFETY__FLEET_SIZE="4",
+                          SAFETY__MAX_FRACTION="0.5")
     worker = Worker(kafka_bootstrap, sim_url="http://127.0.0.1:9", env=env).start()
     log = open(work / "watcher.log", "w")
     watcher = subprocess.Popen([sys.executable, "-m", "pipeline", "watch-k8s", "--watch-timeout", "30"], cwd=ROOT,
