@@ -15,7 +15,7 @@ from collections import Counter
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from pipeline.eval.inproc import InProcessLoop
 from pipeline.sim.cluster import Cluster, Fault, SimConfig
@@ -57,15 +57,40 @@ def _in_process(settings, t0: float) -> tuple[list[tuple], list[list[tuple[str, 
 
 async def _replay(bootstrap: str, worker: Worker, fed: list[list[tuple[str, str, bytes]]]) -> None:
     """Send the records second by second as fast as the broker takes them: the worker
-    judges on event time (the correlation grace included), so no pacing is needed."""
+    judges on event time (the correlation grace included), so no pacing is needed, with
+    one exception.  A diagnostics job runs only because the node was isolated, so its
+    events are sent once the worker has given that isolation: sent earlier, they could
+    overtake the anomaly that caused them (it passes through detection first), which no
+    real cluster can do."""
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_request_size=4 * 1024 * 1024)
+    c = AIOKafkaConsumer(worker.topic("verdicts"), bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                         group_id=None, enable_auto_commit=False)
     await p.start()
+    await c.start()
+    isolated: set[str] = set()
+
+    async def isolation_of(node: str) -> None:
+        await p.flush()
+        deadline = time.monotonic() + 120
+        while node not in isolated:
+            assert time.monotonic() < deadline, f"no isolation of {node} before its diagnostics"
+            for msgs in (await c.getmany(timeout_ms=300)).values():
+                for m in msgs:
+                    v = orjson.loads(m.value)
+                    if v["scope"] == "node" and any(a["action"] == "isolate" for a in v["actions"]):
+                        isolated.add(v["subject"])
+
     try:
         for second in fed:
             for topic, key, value in second:
+                if topic == "telemetry.job":
+                    node = orjson.loads(value).get("diagnostics_for")
+                    if node:
+                        await isolation_of(node)
                 await p.send(worker.topic(topic), key=key.encode(), value=value)
         await p.flush()
     finally:
+        await c.stop()
         await p.stop()
 
 
