@@ -692,7 +692,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--rounds", type=int, default=20, help="samples per node in the backlog (default 20)")
     sp.add_argument("--network-every", type=int, default=5, help="a network sample every N rounds (default 5)")
     sp.add_argument("--latency-seconds", type=float, default=30.0, help="length of the latency run (default 30)")
-    sp.add_argument("--faults", type=int, default=25, help="faults injected in the latency run (default 25)")
+    sp.add_argument("--faults", type=int, default=60,
+                    help="faults injected in each latency run, after a 5 s warm-up (default 60)")
     sp.add_argument("--one-worker", action="store_true", help="skip the two-worker run")
     sp.add_argument("--repeat", type=int, default=3,
                     help="baseline/worker pairs measured back to back; medians are reported (default 3)")
