@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TypedDict, cast
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
 from .base import (
     Detector,
@@ -249,7 +249,10 @@ class RateChangeDetector(Detector):
             e_b = np.broadcast_to(e_base, p.shape)[active]
             e_r = np.broadcast_to(e_rec, p.shape)[active]
             q = e_r / (e_b + e_r)
-            p[active] = stats.binom.sf(np.rint(k_rec[active]) - 1, np.rint(total[active]), q)
+            # the binomial survival function P(X >= k_rec) for X ~ Bin(total, q), from
+            # scipy.special (scipy.stats would cost every worker about 50 MB of imports)
+            k = np.rint(k_rec[active]).astype(np.int64) - 1
+            p[active] = special.bdtrc(k, np.rint(total[active]).astype(np.int64), q)
         return {"p": p, "e_base": np.broadcast_to(e_base, p.shape), "e_rec": np.broadcast_to(e_rec, p.shape),
                 "k_base": k_base, "k_rec": k_rec, "window": np.int64(window)}
 

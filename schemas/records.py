@@ -238,8 +238,12 @@ class GpuSample(Record):
     pcie_replay: list[Counter | None] | None = Field(None, description="PCIe replay counter, cumulative")
     lost: list[bool | None] | None = Field(
         None, description="GPU not reachable (fallen off the bus, NVML GPU_IS_LOST)")
-    xids: list[XidEvent] = Field([], description="Xid events since the previous sample")
-    sxids: list[SxidEvent] = Field([], description="NVSwitch SXid events since the previous sample")
+    # factories, not ``[]``: pydantic deep-copies a mutable default for every sample (the
+    # JSON Schema still says the default is empty)
+    xids: list[XidEvent] = Field(default_factory=list, json_schema_extra={"default": []},
+                                 description="Xid events since the previous sample")
+    sxids: list[SxidEvent] = Field(default_factory=list, json_schema_extra={"default": []},
+                                   description="NVSwitch SXid events since the previous sample")
     pci_bus_id: list[PciBusId | None] | None = Field(
         None, description="each GPU's PCI bus id (maps kernel-log lines to GPU indexes)")
 

@@ -217,6 +217,13 @@ def _detector_fields(rows: Sequence[tuple], g: int) -> np.ndarray:
         return out
 
 
+def _filled(shape: tuple[int, ...], fill: float, dtype: Any) -> np.ndarray:
+    """An array of ``fill``; zeros come from ``np.zeros``, whose pages the kernel provides
+    only when a row is first written, so rows reserved ahead cost neither time nor memory
+    until their nodes arrive."""
+    return np.zeros(shape, dtype=dtype) if fill == 0 else np.full(shape, fill, dtype=dtype)
+
+
 class TimeRing:
     """Running totals of per-node channels over event time, in buckets of ``bucket_s``.
 
@@ -256,7 +263,7 @@ class TimeRing:
                                          ("nread", (self.slots,), np.int32, 0),
                                          ("acc", self.shape, np.int64, 0), ("nr", (), np.int64, 0),
                                          ("last", (), np.int64, -1)):
-            arr = np.full((cap, *shape), fill, dtype=dtype)
+            arr = _filled((cap, *shape), fill, dtype)
             if self.cap:
                 kept = getattr(self, name)[rows]
                 arr[:len(kept)] = kept
@@ -351,7 +358,7 @@ class _NodeRows:
     def _realloc(self, cap: int, rows: slice | np.ndarray) -> None:
         """The row arrays at ``cap`` rows, holding the old ``rows`` first."""
         for name, (shape, dtype) in self._all_fields().items():
-            arr = np.full((cap, *shape), np.nan if name == "seen_ts" else 0, dtype=dtype)
+            arr = _filled((cap, *shape), np.nan if name == "seen_ts" else 0, dtype)
             if self.cap:
                 kept = getattr(self, name)[rows]
                 arr[:len(kept)] = kept

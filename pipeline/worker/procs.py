@@ -28,6 +28,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (Linux ``/proc``); 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def machine_cpu_seconds() -> tuple[float, float]:
+    """``(busy, total)`` CPU seconds of the whole machine since boot, all cores (``/proc/stat``)."""
+    try:
+        first = Path("/proc/stat").read_text().splitlines()[0].split()
+    except OSError:
+        return 0.0, 0.0
+    ticks = [int(x) for x in first[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks[:8]) - idle) / hz, sum(ticks[:8]) / hz
+
+
 class WorkerProcess:
     """``python -m pipeline worker`` in its own session, its output in ``log``."""
 
@@ -62,6 +83,10 @@ class WorkerProcess:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the worker process has used so far; 0 once it is gone."""
+        return process_cpu_seconds(self.proc.pid)
 
     def log_tail(self, n: int = 60) -> str:
         try:

@@ -234,12 +234,15 @@ def install(w: Wiring) -> None:
 
                 async def on_partitions_assigned(self, assigned: Any) -> None:
                     forget_moved(assigned)
+                    if not release.is_set() and assigned:
+                        consumer.pause(*assigned)  # held: not even fetched ahead until released
 
             consumer.subscribe(list(telemetry), listener=OnRebalance())
             await consumer.start()
             if not release.is_set():
                 log.info("telemetry held until POST /fleetmedic/release")
                 await release.wait()
+                consumer.resume(*consumer.assignment())
 
             try:
                 while not app.should_stop:
