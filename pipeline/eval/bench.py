@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import os
 import platform
 import threading
@@ -189,6 +190,65 @@ def run_workers(env: dict[str, str], count: int, total: int, logdir: Path, timeo
             w.stop()
 
 
+def stream_rounds(bootstrap: str, topic: str, template: list[tuple[bytes, bytes]], marker: bytes, ts0: float,
+                  rate: float, seconds: float, conn: Any) -> None:
+    """The latency run's load, in a process of its own: round after round of ``template``
+    (each value's ``marker`` replaced by the round's timestamp) at ``rate`` messages/s for
+    ``seconds``.  Says ``("started", wall time)`` on ``conn`` once the first round begins
+    and ``("done", messages, seconds)`` at the end, or ``("failed", why)``."""
+    try:
+        conn.send(asyncio.run(_stream_rounds(bootstrap, topic, template, marker, ts0, rate, seconds, conn)))
+    except Exception as exc:  # reported to the parent, which fails the run with it
+        conn.send(("failed", repr(exc)))
+
+
+async def _stream_rounds(bootstrap: str, topic: str, template: list[tuple[bytes, bytes]], marker: bytes, ts0: float,
+                         rate: float, seconds: float, conn: Any) -> tuple[str, int, float]:
+    from aiokafka.partitioner import DefaultPartitioner
+
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1)
+    await p.start()
+    try:
+        parts = sorted(await p.partitions_for(topic))
+        choose = DefaultPartitioner()
+        # records are batched per partition by hand (the partition a producer would pick
+        # for the key): the per-record send path would make the generator the busiest
+        # process on the machine
+        where = [choose(key, parts, parts) for key, _ in template]
+        n = len(template)
+        start = time.perf_counter()
+        conn.send(("started", time.time()))
+        produced = k = 0
+        sending: list[Any] = []
+        while time.perf_counter() - start < seconds:
+            k += 1
+            ts_bytes = b'"ts":' + repr(ts0 + k).encode() + b","
+            for j in range(0, n, 500):
+                batches: dict[int, Any] = {}
+                for (key, value), part in zip(template[j : j + 500], where[j : j + 500], strict=True):
+                    b = batches.get(part)
+                    if b is None:
+                        b = batches[part] = p.create_batch()
+                    v = value.replace(marker, ts_bytes, 1)
+                    if b.append(key=key, value=v, timestamp=None) is None:  # full: send it, start another
+                        sending.append(await p.send_batch(b, topic, partition=part))
+                        b = batches[part] = p.create_batch()
+                        b.append(key=key, value=v, timestamp=None)
+                for part, b in batches.items():
+                    sending.append(await p.send_batch(b, topic, partition=part))
+                produced += min(500, n - j)
+                delay = start + produced / rate - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if len(sending) > 1000:
+                    await asyncio.gather(*sending)
+                    sending.clear()
+        await asyncio.gather(*sending)
+        return "done", produced, time.perf_counter() - start
+    finally:
+        await p.stop()
+
+
 async def latency_run(bootstrap: str, env: dict[str, str], load: FleetLoad, rate: float, seconds: float,
                       faults: int, logdir: Path, *, warmup_s: float = 5.0, tag: str = "live") -> dict[str, Any]:
     """Stream at ``rate`` samples/s for ``warmup_s`` + ``seconds``, injecting ``faults``
@@ -268,39 +328,44 @@ async def latency_run(bootstrap: str, env: dict[str, str], load: FleetLoad, rate
         await producer.start()
         gpu_topic = s.topic("telemetry.gpu")
         n = len(load.nodes)
-        start = time.perf_counter()
-        produced = 0
-        next_fault = warmup_s
-        k = 10_000
-        fault_iter = iter(fault_nodes)
-        # one round rendered up front; each later round only rewrites the timestamp, so
-        # the generator costs little next to the worker it is measuring
+        k0 = 10_000
+        # one round rendered up front; each later round only rewrites the timestamp
         marker = b'"ts":1.0,'
-        template = [(key.encode(), value.replace(b'"ts":' + repr(load.t0 + k).encode() + b",", marker, 1))
-                    for key, value in load.gpu_round(k, ts=load.t0 + k)]
-        while time.perf_counter() - start < warmup_s + seconds:
-            k += 1
-            ts_bytes = b'"ts":' + repr(load.t0 + k).encode() + b","
-            round_ = [(key, value.replace(marker, ts_bytes, 1)) for key, value in template]
-            for j in range(0, n, 500):
-                chunk = round_[j : j + 500]
-                for key, value in chunk:
-                    await producer.send(gpu_topic, key=key, value=value)
-                produced += len(chunk)
-                target = start + produced / rate
-                delay = target - time.perf_counter()
+        template = [(key.encode(), value.replace(b'"ts":' + repr(load.t0 + k0).encode() + b",", marker, 1))
+                    for key, value in load.gpu_round(k0, ts=load.t0 + k0)]
+        # The fleet's stream comes from a process of its own: in this one it would hold the
+        # interpreter lock against the clock that stamps each stage and the backend that
+        # logs each isolation
+        ctx = multiprocessing.get_context("spawn")
+        ours, theirs = ctx.Pipe()
+        streamer = ctx.Process(target=stream_rounds, name="bench-load",
+                               args=(bootstrap, gpu_topic, template, marker, load.t0 + k0, rate, warmup_s + seconds,
+                                     theirs), daemon=True)
+        streamer.start()
+        try:
+            hello = await asyncio.to_thread(ours.recv)
+            if hello[0] != "started":
+                raise RuntimeError(f"bench load stream failed: {hello[1]}")
+            start = time.perf_counter() - (time.time() - hello[1])  # the stream's start on this clock
+            fault_iter = iter(fault_nodes)
+            for i in range(len(fault_nodes)):
+                delay = start + warmup_s + (i + 1) * seconds / (faults + 1) - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                el = time.perf_counter() - start
-                if el >= next_fault:
-                    node = next(fault_iter, None)
-                    if node is not None:
-                        t_sent, t_wall = time.perf_counter(), time.time()  # before the send: no credit for its ack
-                        await producer.send_and_wait(gpu_topic, key=node.encode(), value=fault_sample(node, load.t0 + k + 0.5))
-                        sent[node], sent_wall[node] = t_sent, t_wall
-                    next_fault += seconds / (faults + 1)
-        await producer.flush()
-        achieved = produced / (time.perf_counter() - start)
+                node = next(fault_iter)
+                # stamped a round ahead of the stream, so that no sample of the node's is newer
+                k = int((time.perf_counter() - start) * rate / n) + 2
+                t_sent, t_wall = time.perf_counter(), time.time()  # before the send: no credit for its ack
+                await producer.send_and_wait(gpu_topic, key=node.encode(), value=fault_sample(node, load.t0 + k0 + k + 0.5))
+                sent[node], sent_wall[node] = t_sent, t_wall
+            done = await asyncio.to_thread(ours.recv)
+            if done[0] != "done":
+                raise RuntimeError(f"bench load stream failed: {done[1]}")
+            achieved = done[1] / done[2]
+        finally:
+            streamer.join(30)
+            if streamer.is_alive():
+                streamer.kill()
         deadline = time.perf_counter() + 30
         while len(seen) < len(sent) and time.perf_counter() < deadline:
             await asyncio.sleep(0.1)
