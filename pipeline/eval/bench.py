@@ -529,6 +529,57 @@ async def actuation_run(bootstrap: str, env: dict[str, str], logdir: Path, *, ve
             "drain_blocked_per_s": float(np.median([p["drain_blocked_per_s"] for p in pairs]))}
 
 
+def per_sample_costs(nodes: int = 4000, rounds: int = 12, batch: int = 200, repeat: int = 3) -> dict[str, Any]:
+    """Microseconds per GPU sample of the steps that decide the ratio, in this process:
+    the pipeline's decoding (pydantic), parsing the same JSON with orjson alone (the floor
+    any JSON decoder starts from), building the detectors' float columns from parsed
+    samples, and GPU detection on decoded batches of ``batch``. Each the median of
+    ``repeat`` passes, with min and max."""
+    from pipeline.detect.glue import GpuDetection
+
+    load = FleetLoad(nodes)
+    raw = [[v for _, v in load.gpu_round(k)] for k in range(rounds)]
+    cols = ("util", "temp", "power", "ecc_sbe", "ecc_dbe", "nvlink_crc", "nvlink_replay", "nvlink_recovery",
+            "pcie_replay", "throttle")
+    cfg = load_settings(environ={}).detectors
+    runs: dict[str, list[float]] = {"decode": [], "orjson_parse": [], "columns": [], "gpu_detection": []}
+    n = nodes * rounds
+    for _ in range(repeat):
+        t = time.perf_counter()
+        samples = [[decode(GpuSample, v) for v in r] for r in raw]
+        runs["decode"].append((time.perf_counter() - t) / n * 1e6)
+        t = time.perf_counter()
+        docs = [orjson.loads(v) for r in raw for v in r]
+        runs["orjson_parse"].append((time.perf_counter() - t) / n * 1e6)
+        t = time.perf_counter()
+        for c in cols:
+            np.array([d[c] for d in docs], dtype=np.float64)
+        runs["columns"].append((time.perf_counter() - t) / n * 1e6)
+        det = GpuDetection(cfg, capacity=nodes + nodes // 10)
+        t = time.perf_counter()
+        for r in samples:
+            for j in range(0, len(r), batch):
+                det.process(r[j : j + batch])
+        runs["gpu_detection"].append((time.perf_counter() - t) / n * 1e6)
+    out: dict[str, Any] = {"nodes": nodes, "rounds": rounds, "batch": batch,
+                           "message_bytes": float(np.mean([len(v) for v in raw[0]]))}
+    for k, v in runs.items():
+        out.update(_spread(f"{k}_us", v))
+    return out
+
+
+def _spread(name: str, values: list[float]) -> dict[str, float | None]:
+    """``name`` as the median of ``values``, with ``name_min`` and ``name_max``."""
+    if not values:
+        return {name: None, f"{name}_min": None, f"{name}_max": None}
+    return {name: float(np.median(values)), f"{name}_min": min(values), f"{name}_max": max(values)}
+
+
+def _above_idle(run: dict[str, Any]) -> float:
+    """The largest worker's resident memory above its own idle footprint, in bytes."""
+    return float(max(max(r - i for r, i in zip(run["rss_bytes"], run["idle_rss_bytes"], strict=True)), 1))
+
+
 def _median_run(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
     """The run whose ``key`` is the median (the lower middle one for an even count)."""
     return sorted(runs, key=lambda r: r[key])[(len(runs) - 1) // 2]
@@ -588,8 +639,6 @@ def run(*, bootstrap: str, nodes: int, rounds: int, net_every: int, latency_seco
     if two_workers:  # the two-worker run with the median speedup, for its memory and CPU figures
         two = sorted(pairs, key=lambda p: p["two_worker_speedup"])[len(pairs) // 2]["workers2"]
     speedups = [p["two_worker_speedup"] for p in pairs] if two_workers else []
-    rss_delta = one["rss_bytes"][0] - one["idle_rss_bytes"][0]
-    mem_per_1k = rss_delta / 1e6 / nodes * 1000
     lats = []
     for rep in range(repeat):
         say(f"latency: streaming at half capacity ({one_rate / 2:,.0f} samples/s) with {faults} faults "
@@ -601,6 +650,10 @@ def run(*, bootstrap: str, nodes: int, rounds: int, net_every: int, latency_seco
             + ", ".join(f"{k} {v * 1000:.0f}" for k, v in one_lat["stage_p99_s"].items() if v is not None))
         lats.append(one_lat)
     lat = _median_run(lats, "p99_s")
+    say("per-sample costs: decoding, parsing alone, columns, GPU detection")
+    costs = per_sample_costs(repeat=repeat)
+    say("  " + ", ".join(f"{k[:-3]} {costs[k]:.1f} us" for k in ("decode_us", "orjson_parse_us", "columns_us",
+                                                                  "gpu_detection_us")))
     say("actuation: 300 verdicts alone and while a drain waits on a disruption budget")
     act = asyncio.run(actuation_run(bootstrap, env, logdir, repeat=repeat, say=say))
     result = {
@@ -630,23 +683,25 @@ def run(*, bootstrap: str, nodes: int, rounds: int, net_every: int, latency_seco
         "two_worker_speedup_max": max(speedups) if speedups else None,
         # scale-out without the machine's limit: samples per CPU second the workers used
         # (two workers against one); and how busy all cores were in each run
-        "two_worker_cpu_efficiency": (two["samples_per_worker_cpu_s"] / one["samples_per_worker_cpu_s"])
-        if two and one["samples_per_worker_cpu_s"] else None,
-        "machine_busy_one_two": [one["machine_busy"], two["machine_busy"] if two else None],
+        **_spread("two_worker_cpu_efficiency", [p["workers2"]["samples_per_worker_cpu_s"]
+                                                / p["worker"]["samples_per_worker_cpu_s"] for p in pairs] if two else []),
+        "machine_busy_one_two": [float(np.median([p["worker"]["machine_busy"] for p in pairs])),
+                                 float(np.median([p["workers2"]["machine_busy"] for p in pairs])) if two else None],
         "actuation": act,
-        "mem_mb_per_1k_nodes": mem_per_1k,
+        "per_sample_us": costs,
+        **_spread("mem_mb_per_1k_nodes", [(p["worker"]["rss_bytes"][0] - p["worker"]["idle_rss_bytes"][0])
+                                          / 1e6 / nodes * 1000 for p in pairs]),
         # memory per worker (resident, whole process) when two workers share the fleet, as a
-        # share of one worker's: the state follows the partitions
-        "mem_per_worker_mb_one": one["rss_bytes"][0] / 1e6,
-        "mem_per_worker_mb_two": (max(two["rss_bytes"]) / 1e6) if two else None,
-        "mem_per_worker_ratio_two_vs_one": (max(two["rss_bytes"]) / one["rss_bytes"][0]) if two else None,
+        # share of one worker's (the larger of the two, against the one worker of its pair)
+        **_spread("mem_per_worker_mb_one", [p["worker"]["rss_bytes"][0] / 1e6 for p in pairs]),
+        **_spread("mem_per_worker_mb_two", [max(p["workers2"]["rss_bytes"]) / 1e6 for p in pairs] if two else []),
+        **_spread("mem_per_worker_ratio_two_vs_one",
+                  [max(p["workers2"]["rss_bytes"]) / p["worker"]["rss_bytes"][0] for p in pairs] if two else []),
         # the same above each process's own idle footprint (the interpreter, its libraries,
         # the clients: about 115 MB that no sharing of partitions can divide)
-        "mem_above_idle_ratio_two_vs_one": (max(r - i for r, i in zip(two["rss_bytes"], two["idle_rss_bytes"],
-                                                                        strict=True))
-                                            / max(one["rss_bytes"][0] - one["idle_rss_bytes"][0], 1))
-        if two else None,
-        "mem_idle_mb": one["idle_rss_bytes"][0] / 1e6,
+        **_spread("mem_above_idle_ratio_two_vs_one", [_above_idle(p["workers2"]) / _above_idle(p["worker"])
+                                                      for p in pairs] if two else []),
+        **_spread("mem_idle_mb", [p["worker"]["idle_rss_bytes"][0] / 1e6 for p in pairs]),
         "detector_state_ratio_two_vs_one": (max(two["detector_state_bytes"]) / one["detector_state_bytes"][0])
         if two and one["detector_state_bytes"][0] else None,
         "detector_state_mb_per_1k_nodes": one["detector_state_bytes"][0] / 1e6 / nodes * 1000,
@@ -677,6 +732,9 @@ def table(r: dict[str, Any]) -> str:
         ("fault-to-action latency", f"p50 {r['latency_p50_s'] * 1000:.0f} ms, p99 {r['latency_p99_s'] * 1000:.0f} ms "
                                     f"(min {r['latency_p99_s_min'] * 1000:.0f}, max {r['latency_p99_s_max'] * 1000:.0f})"),
         ("p99 by stage", ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in r["latency_stage_p99_s"].items())),
+        ("per GPU sample (µs)", "-" if not r.get("per_sample_us") else
+         ", ".join(f"{k[:-3].replace('_', ' ')} {r['per_sample_us'][k]:.1f}"
+                   for k in ("decode_us", "orjson_parse_us", "columns_us", "gpu_detection_us"))),
         ("verdicts/s while a drain waits", "-" if not r.get("actuation") else
          f"{r['actuation']['drain_blocked_per_s']:.0f} vs {r['actuation']['alone_per_s']:.0f} alone: ratio "
          f"{r['actuation']['ratio']:.2f} (min {r['actuation']['ratio_min']:.2f}, max {r['actuation']['ratio_max']:.2f})"),
@@ -684,7 +742,8 @@ def table(r: dict[str, Any]) -> str:
                                    f"({r['detector_state_mb_per_1k_nodes']:.1f} MB detector state)"),
         ("memory per worker, 2 vs 1", "-" if r.get("mem_per_worker_ratio_two_vs_one") is None else
          f"{r['mem_per_worker_mb_two']:.0f} MB vs {r['mem_per_worker_mb_one']:.0f} MB: ratio "
-         f"{r['mem_per_worker_ratio_two_vs_one']:.2f}; above the idle {r['mem_idle_mb']:.0f} MB "
+         f"{r['mem_per_worker_ratio_two_vs_one']:.2f} (min {r['mem_per_worker_ratio_two_vs_one_min']:.2f}, max "
+         f"{r['mem_per_worker_ratio_two_vs_one_max']:.2f}); above the idle {r['mem_idle_mb']:.0f} MB "
          f"{r['mem_above_idle_ratio_two_vs_one']:.2f}; detector state {r['detector_state_ratio_two_vs_one']:.2f}"),
     ]
     w = max(len(k) for k, _ in rows)

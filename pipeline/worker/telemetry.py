@@ -201,7 +201,7 @@ def install(w: Wiring) -> None:
             consumer = AIOKafkaConsumer(
                 bootstrap_servers=s.kafka.bootstrap, group_id=f"{s.kafka.app_id}-telemetry",
                 enable_auto_commit=False, auto_offset_reset="earliest",
-                max_partition_fetch_bytes=s.worker.max_fetch_bytes, fetch_max_bytes=4 * s.worker.max_fetch_bytes,
+                max_partition_fetch_bytes=s.worker.telemetry_fetch_bytes, fetch_max_bytes=4 * s.worker.telemetry_fetch_bytes,
                 session_timeout_ms=int(s.worker.session_timeout_s * 1000),
                 heartbeat_interval_ms=int(min(3.0, s.worker.session_timeout_s / 4) * 1000),
             )
@@ -213,13 +213,18 @@ def install(w: Wiring) -> None:
             gc.set_threshold(s.worker.gc_threshold, 20, 100)
             offsets: dict[Any, int] = {}  # processed, not yet committed
             last_commit = time.monotonic()
+            #: the commit under way beside the loop (the producer's flush waits for the broker's
+            #: acknowledgements of everything sent, and telemetry keeps flowing meanwhile)
+            committing: list[asyncio.Task] = []
 
             async def commit() -> None:
-                # anomalies and dead letters are on the broker before the offsets move on
+                # the offsets of records whose anomalies and dead letters were sent before
+                # the flush began: those are on the broker before the offsets move on
+                todo = dict(offsets)
+                offsets.clear()
                 await app.producer.flush()
                 assigned = consumer.assignment()
-                mine = {tp: o for tp, o in offsets.items() if tp in assigned}
-                offsets.clear()
+                mine = {tp: o for tp, o in todo.items() if tp in assigned}
                 if not mine:
                     return
                 try:
@@ -228,8 +233,15 @@ def install(w: Wiring) -> None:
                     # a rebalance took the partitions: their records are read again (at least once)
                     log.warning("telemetry offsets not committed (%s); they will be processed again", exc)
 
+            async def settle_commit() -> None:
+                """Wait for the commit under way; its failure is raised here, in the loop."""
+                if committing:
+                    task = committing.pop()
+                    await task
+
             class OnRebalance(ConsumerRebalanceListener):
                 async def on_partitions_revoked(self, revoked: Any) -> None:
+                    await settle_commit()
                     await commit()
 
                 async def on_partitions_assigned(self, assigned: Any) -> None:
@@ -265,10 +277,16 @@ def install(w: Wiring) -> None:
                     for topic, msgs in by_topic.items():
                         await handle_telemetry(msgs, *telemetry[topic])
                     offsets.update(fetched)
-                    if offsets and time.monotonic() - last_commit >= s.worker.commit_interval_s:
-                        await commit()
+                    if committing and committing[0].done():
+                        await settle_commit()
+                    if offsets and not committing and time.monotonic() - last_commit >= s.worker.commit_interval_s:
+                        committing.append(asyncio.ensure_future(commit()))
                         last_commit = time.monotonic()
             finally:
+                try:
+                    await settle_commit()
+                except Exception:  # stopping: what is not committed is read again (at least once)
+                    log.warning("could not commit telemetry offsets on stop")
                 if offsets:
                     try:
                         await commit()
