@@ -22,6 +22,7 @@ Results go to ``bench/results/throughput.json`` and a printed table.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import multiprocessing
 import os
@@ -535,8 +536,6 @@ def per_sample_costs(nodes: int = 4000, rounds: int = 12, batch: int = 200, repe
     any JSON decoder starts from), building the detectors' float columns from parsed
     samples, and GPU detection on decoded batches of ``batch``. Each the median of
     ``repeat`` passes, with min and max."""
-    from pipeline.detect.glue import GpuDetection
-
     load = FleetLoad(nodes)
     raw = [[v for _, v in load.gpu_round(k)] for k in range(rounds)]
     cols = ("util", "temp", "power", "ecc_sbe", "ecc_dbe", "nvlink_crc", "nvlink_replay", "nvlink_recovery",
@@ -544,6 +543,28 @@ def per_sample_costs(nodes: int = 4000, rounds: int = 12, batch: int = 200, repe
     cfg = load_settings(environ={}).detectors
     runs: dict[str, list[float]] = {"decode": [], "orjson_parse": [], "columns": [], "gpu_detection": []}
     n = nodes * rounds
+    # as in a worker (gc.freeze at start, a high threshold): the collector would otherwise
+    # walk this process's whole heap, the bench's own data included, over and over
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        _costs(raw, cols, cfg, nodes, batch, n, repeat, runs)
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    out: dict[str, Any] = {"nodes": nodes, "rounds": rounds, "batch": batch,
+                           "message_bytes": float(np.mean([len(v) for v in raw[0]]))}
+    for k, v in runs.items():
+        out.update(_spread(f"{k}_us", v))
+    return out
+
+
+def _costs(raw: list[list[bytes]], cols: tuple[str, ...], cfg: Any, nodes: int, batch: int, n: int, repeat: int,
+           runs: dict[str, list[float]]) -> None:
+    """The timed passes of :func:`per_sample_costs`, appended to ``runs``."""
+    from pipeline.detect.glue import GpuDetection
+
     for _ in range(repeat):
         t = time.perf_counter()
         samples = [[decode(GpuSample, v) for v in r] for r in raw]
@@ -561,11 +582,8 @@ def per_sample_costs(nodes: int = 4000, rounds: int = 12, batch: int = 200, repe
             for j in range(0, len(r), batch):
                 det.process(r[j : j + batch])
         runs["gpu_detection"].append((time.perf_counter() - t) / n * 1e6)
-    out: dict[str, Any] = {"nodes": nodes, "rounds": rounds, "batch": batch,
-                           "message_bytes": float(np.mean([len(v) for v in raw[0]]))}
-    for k, v in runs.items():
-        out.update(_spread(f"{k}_us", v))
-    return out
+        del samples, docs, det
+        gc.collect()
 
 
 def _spread(name: str, values: list[float]) -> dict[str, float | None]:
