@@ -497,6 +497,15 @@ class _FleetRows:
     fleets: dict[int, Any]
     cooldown: Cooldown
 
+    @property
+    def nodes(self) -> int:
+        """Nodes with state here (a node whose GPU or port count changed is in two fleets)."""
+        return len({n for f in self.fleets.values() for n in f.names})
+
+    def nbytes(self) -> int:
+        """Bytes of the per-node arrays of every fleet."""
+        return sum(f.nbytes() for f in self.fleets.values())
+
     def reserve(self, rows: int) -> None:
         """Make room for ``rows`` nodes per fleet before they arrive (growing the arrays a
         quarter at a time as nodes appear costs a copy each time)."""
@@ -549,13 +558,6 @@ class GpuDetection(_FleetRows):
         #: the samples the last :meth:`process` call refused
         self.refused: list[Refused] = []
         self._batch = 0
-
-    @property
-    def nodes(self) -> int:
-        return sum(len(f.names) for f in self.fleets.values())
-
-    def nbytes(self) -> int:
-        return sum(f.nbytes() for f in self.fleets.values())
 
     def _fleet(self, g: int) -> GpuFleetState:
         f = self.fleets.get(g)
@@ -853,13 +855,6 @@ class NetworkDetection(_FleetRows):
     def model(self) -> PortModel:
         """The newest fitted model (an unfitted one before the first fit)."""
         return self.models[-1][1] if self.models else PortModel(self.net.model, seed=self.seed)
-
-    @property
-    def nodes(self) -> int:
-        return len({n for f in self.fleets.values() for n in f.names})
-
-    def nbytes(self) -> int:
-        return sum(f.nbytes() for f in self.fleets.values())
 
     def process(self, samples: Iterable[NetworkSample]) -> list[Anomaly]:
         out: list[Anomaly] = []

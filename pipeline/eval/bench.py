@@ -22,6 +22,7 @@ Results go to ``bench/results/throughput.json`` and a printed table.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import multiprocessing
@@ -30,6 +31,7 @@ import platform
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +124,8 @@ async def produce_all(bootstrap: str, items: list[tuple[str, str, bytes]]) -> fl
 
 
 async def baseline(bootstrap: str, topics: dict[str, type], total: int) -> float:
-    """Seconds for a bare aiokafka consumer to read and decode ``total`` messages."""
+    """Seconds for a bare aiokafka consumer to read and decode ``total`` messages, with the
+    collector set as a worker sets it."""
     c = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
                          enable_auto_commit=False, max_partition_fetch_bytes=4 * 1024 * 1024,
                          fetch_max_bytes=32 * 1024 * 1024)
@@ -130,15 +133,16 @@ async def baseline(bootstrap: str, topics: dict[str, type], total: int) -> float
     n = 0
     t = None
     try:
-        while n < total:
-            batch = await c.getmany(timeout_ms=1000, max_records=5000)
-            if t is None and batch:
-                t = time.perf_counter()
-            for tp, msgs in batch.items():
-                model = topics[tp.topic]
-                for m in msgs:
-                    decode(model, m.value)
-                n += sum(1 for _ in msgs)
+        with _collector_as_in_a_worker():
+            while n < total:
+                batch = await c.getmany(timeout_ms=1000, max_records=5000)
+                if t is None and batch:
+                    t = time.perf_counter()
+                for tp, msgs in batch.items():
+                    model = topics[tp.topic]
+                    for m in msgs:
+                        decode(model, m.value)
+                    n += len(msgs)
     finally:
         await c.stop()
     return time.perf_counter() - (t or time.perf_counter())
@@ -348,12 +352,10 @@ async def latency_run(bootstrap: str, env: dict[str, str], load: FleetLoad, rate
             if hello[0] != "started":
                 raise RuntimeError(f"bench load stream failed: {hello[1]}")
             start = time.perf_counter() - (time.time() - hello[1])  # the stream's start on this clock
-            fault_iter = iter(fault_nodes)
-            for i in range(len(fault_nodes)):
+            for i, node in enumerate(fault_nodes):
                 delay = start + warmup_s + (i + 1) * seconds / (faults + 1) - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                node = next(fault_iter)
                 # stamped a round ahead of the stream, so that no sample of the node's is newer
                 k = int((time.perf_counter() - start) * rate / n) + 2
                 t_sent, t_wall = time.perf_counter(), time.time()  # before the send: no credit for its ack
@@ -523,9 +525,7 @@ async def actuation_run(bootstrap: str, env: dict[str, str], logdir: Path, *, ve
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(runner._runner.cleanup(), side))
         side.call_soon_threadsafe(side.stop)
         side_thread.join(5)
-    ratios = [p["ratio"] for p in pairs]
-    return {"verdicts": verdicts, "runs": pairs, "ratio": float(np.median(ratios)), "ratio_min": min(ratios),
-            "ratio_max": max(ratios),
+    return {"verdicts": verdicts, "runs": pairs, **spread("ratio", [p["ratio"] for p in pairs]),
             "alone_per_s": float(np.median([p["alone_per_s"] for p in pairs])),
             "drain_blocked_per_s": float(np.median([p["drain_blocked_per_s"] for p in pairs]))}
 
@@ -534,8 +534,10 @@ def per_sample_costs(nodes: int = 4000, rounds: int = 12, batch: int = 200, repe
     """Microseconds per GPU sample of the steps that decide the ratio, in this process:
     the pipeline's decoding (pydantic), parsing the same JSON with orjson alone (the floor
     any JSON decoder starts from), building the detectors' float columns from parsed
-    samples, and GPU detection on decoded batches of ``batch``. Each the median of
-    ``repeat`` passes, with min and max."""
+    samples, and GPU detection on decoded batches of ``batch``; the collector as in a
+    worker. Each the median of ``repeat`` passes, with min and max."""
+    from pipeline.detect.glue import GpuDetection
+
     load = FleetLoad(nodes)
     raw = [[v for _, v in load.gpu_round(k)] for k in range(rounds)]
     cols = ("util", "temp", "power", "ecc_sbe", "ecc_dbe", "nvlink_crc", "nvlink_replay", "nvlink_recovery",
@@ -543,54 +545,55 @@ def per_sample_costs(nodes: int = 4000, rounds: int = 12, batch: int = 200, repe
     cfg = load_settings(environ={}).detectors
     runs: dict[str, list[float]] = {"decode": [], "orjson_parse": [], "columns": [], "gpu_detection": []}
     n = nodes * rounds
-    # as in a worker (gc.freeze at start, a high threshold): the collector would otherwise
-    # walk this process's whole heap, the bench's own data included, over and over
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-    try:
-        _costs(raw, cols, cfg, nodes, batch, n, repeat, runs)
-    finally:
-        gc.enable()
-        gc.unfreeze()
+    with _collector_as_in_a_worker():
+        for _ in range(repeat):
+            t = time.perf_counter()
+            samples = [[decode(GpuSample, v) for v in r] for r in raw]
+            runs["decode"].append((time.perf_counter() - t) / n * 1e6)
+            t = time.perf_counter()
+            docs = [orjson.loads(v) for r in raw for v in r]
+            runs["orjson_parse"].append((time.perf_counter() - t) / n * 1e6)
+            t = time.perf_counter()
+            for c in cols:
+                np.array([d[c] for d in docs], dtype=np.float64)
+            runs["columns"].append((time.perf_counter() - t) / n * 1e6)
+            det = GpuDetection(cfg, capacity=nodes + nodes // 10)
+            t = time.perf_counter()
+            for r in samples:
+                for j in range(0, len(r), batch):
+                    det.process(r[j : j + batch])
+            runs["gpu_detection"].append((time.perf_counter() - t) / n * 1e6)
+            del samples, docs, det
+            gc.collect()
     out: dict[str, Any] = {"nodes": nodes, "rounds": rounds, "batch": batch,
                            "message_bytes": float(np.mean([len(v) for v in raw[0]]))}
     for k, v in runs.items():
-        out.update(_spread(f"{k}_us", v))
+        out.update(spread(f"{k}_us", v))
     return out
 
 
-def _costs(raw: list[list[bytes]], cols: tuple[str, ...], cfg: Any, nodes: int, batch: int, n: int, repeat: int,
-           runs: dict[str, list[float]]) -> None:
-    """The timed passes of :func:`per_sample_costs`, appended to ``runs``."""
-    from pipeline.detect.glue import GpuDetection
-
-    for _ in range(repeat):
-        t = time.perf_counter()
-        samples = [[decode(GpuSample, v) for v in r] for r in raw]
-        runs["decode"].append((time.perf_counter() - t) / n * 1e6)
-        t = time.perf_counter()
-        docs = [orjson.loads(v) for r in raw for v in r]
-        runs["orjson_parse"].append((time.perf_counter() - t) / n * 1e6)
-        t = time.perf_counter()
-        for c in cols:
-            np.array([d[c] for d in docs], dtype=np.float64)
-        runs["columns"].append((time.perf_counter() - t) / n * 1e6)
-        det = GpuDetection(cfg, capacity=nodes + nodes // 10)
-        t = time.perf_counter()
-        for r in samples:
-            for j in range(0, len(r), batch):
-                det.process(r[j : j + batch])
-        runs["gpu_detection"].append((time.perf_counter() - t) / n * 1e6)
-        del samples, docs, det
-        gc.collect()
+@contextlib.contextmanager
+def _collector_as_in_a_worker() -> Iterator[None]:
+    """The garbage collector as a worker's telemetry loop sets it (what is alive now frozen,
+    young objects collected every ``worker.gc_threshold`` allocations), so what is timed in
+    this process is not a walk over the bench's own heap, over and over."""
+    before = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(load_settings(environ={}).worker.gc_threshold, 20, 100)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
 
 
-def _spread(name: str, values: list[float]) -> dict[str, float | None]:
-    """``name`` as the median of ``values``, with ``name_min`` and ``name_max``."""
+def spread(name: str, values: list[float]) -> dict[str, float | None]:
+    """``name`` as the median of ``values``, with ``name_min`` and ``name_max`` (all None
+    without values): how every benchmark figure of several runs is reported."""
     if not values:
         return {name: None, f"{name}_min": None, f"{name}_max": None}
-    return {name: float(np.median(values)), f"{name}_min": min(values), f"{name}_max": max(values)}
+    return {name: float(np.median(values)), f"{name}_min": float(min(values)), f"{name}_max": float(max(values))}
 
 
 def _above_idle(run: dict[str, Any]) -> float:
@@ -680,46 +683,42 @@ def run(*, bootstrap: str, nodes: int, rounds: int, net_every: int, latency_seco
         "message_bytes": size, "produce_msgs_per_s": total / produce_s,
         "baseline_samples_per_s": base_rate,
         "pipeline_samples_per_s": one_rate,
-        "ratio": float(np.median([p["ratio"] for p in pairs])),
+        **spread("ratio", [p["ratio"] for p in pairs]),
         "ratio_runs": [p["ratio"] for p in pairs],
         "runs": [{k: v for k, v in p.items() if k not in ("worker", "workers2")} for p in pairs],
         "gpus_per_worker_at_1hz": one_rate * GPUS,
         # medians over the runs, each with its spread; "latency" is the run with the median p99
-        "latency_p50_s": float(np.median([x["p50_s"] for x in lats])),
-        "latency_p99_s": float(np.median([x["p99_s"] for x in lats])),
-        "latency_p99_s_min": min(x["p99_s"] for x in lats), "latency_p99_s_max": max(x["p99_s"] for x in lats),
-        "latency_p50_s_min": min(x["p50_s"] for x in lats), "latency_p50_s_max": max(x["p50_s"] for x in lats),
-        "latency_max_s": float(np.median([x["max_s"] for x in lats])),
+        **spread("latency_p50_s", [x["p50_s"] for x in lats]),
+        **spread("latency_p99_s", [x["p99_s"] for x in lats]),
+        **spread("latency_max_s", [x["max_s"] for x in lats]),
         "latency_stage_p99_s": {st: float(np.median([x["stage_p99_s"][st] for x in lats
                                                      if x["stage_p99_s"][st] is not None] or [np.nan]))
                                 for st in lats[0]["stage_p99_s"]},
         "latency": lat, "latency_runs": lats,
         "two_worker_samples_per_s": float(np.median([p["two_worker_samples_per_s"] for p in pairs])) if two else None,
         # each pair's two-worker rate over its own one-worker rate; median, min, max
-        "two_worker_speedup": float(np.median(speedups)) if speedups else None,
-        "two_worker_speedup_min": min(speedups) if speedups else None,
-        "two_worker_speedup_max": max(speedups) if speedups else None,
+        **spread("two_worker_speedup", speedups),
         # scale-out without the machine's limit: samples per CPU second the workers used
         # (two workers against one); and how busy all cores were in each run
-        **_spread("two_worker_cpu_efficiency", [p["workers2"]["samples_per_worker_cpu_s"]
+        **spread("two_worker_cpu_efficiency", [p["workers2"]["samples_per_worker_cpu_s"]
                                                 / p["worker"]["samples_per_worker_cpu_s"] for p in pairs] if two else []),
         "machine_busy_one_two": [float(np.median([p["worker"]["machine_busy"] for p in pairs])),
                                  float(np.median([p["workers2"]["machine_busy"] for p in pairs])) if two else None],
         "actuation": act,
         "per_sample_us": costs,
-        **_spread("mem_mb_per_1k_nodes", [(p["worker"]["rss_bytes"][0] - p["worker"]["idle_rss_bytes"][0])
+        **spread("mem_mb_per_1k_nodes", [(p["worker"]["rss_bytes"][0] - p["worker"]["idle_rss_bytes"][0])
                                           / 1e6 / nodes * 1000 for p in pairs]),
         # memory per worker (resident, whole process) when two workers share the fleet, as a
         # share of one worker's (the larger of the two, against the one worker of its pair)
-        **_spread("mem_per_worker_mb_one", [p["worker"]["rss_bytes"][0] / 1e6 for p in pairs]),
-        **_spread("mem_per_worker_mb_two", [max(p["workers2"]["rss_bytes"]) / 1e6 for p in pairs] if two else []),
-        **_spread("mem_per_worker_ratio_two_vs_one",
+        **spread("mem_per_worker_mb_one", [p["worker"]["rss_bytes"][0] / 1e6 for p in pairs]),
+        **spread("mem_per_worker_mb_two", [max(p["workers2"]["rss_bytes"]) / 1e6 for p in pairs] if two else []),
+        **spread("mem_per_worker_ratio_two_vs_one",
                   [max(p["workers2"]["rss_bytes"]) / p["worker"]["rss_bytes"][0] for p in pairs] if two else []),
         # the same above each process's own idle footprint (the interpreter, its libraries,
         # the clients: about 115 MB that no sharing of partitions can divide)
-        **_spread("mem_above_idle_ratio_two_vs_one", [_above_idle(p["workers2"]) / _above_idle(p["worker"])
+        **spread("mem_above_idle_ratio_two_vs_one", [_above_idle(p["workers2"]) / _above_idle(p["worker"])
                                                       for p in pairs] if two else []),
-        **_spread("mem_idle_mb", [p["worker"]["idle_rss_bytes"][0] / 1e6 for p in pairs]),
+        **spread("mem_idle_mb", [p["worker"]["idle_rss_bytes"][0] / 1e6 for p in pairs]),
         "detector_state_ratio_two_vs_one": (max(two["detector_state_bytes"]) / one["detector_state_bytes"][0])
         if two and one["detector_state_bytes"][0] else None,
         "detector_state_mb_per_1k_nodes": one["detector_state_bytes"][0] / 1e6 / nodes * 1000,

@@ -42,7 +42,7 @@ import numpy as np
 import orjson
 
 from pipeline.config import load_settings
-from pipeline.eval.bench import fault_sample, machine
+from pipeline.eval.bench import fault_sample, machine, spread
 from pipeline.worker.procs import K8S_SH, WorkerProcess, deploy_script, kafka_script, wait_ready
 from pipeline.worker.topics import ensure_topics
 
@@ -260,13 +260,6 @@ def settle(worker: WorkerProcess, timeout: float) -> bool:
     return False
 
 
-def _median(runs: list[dict[str, Any]], key: str) -> dict[str, float | None]:
-    xs = [r[key] for r in runs if r.get(key) is not None]
-    if not xs:
-        return {key: None, f"{key}_min": None, f"{key}_max": None}
-    return {key: float(np.median(xs)), f"{key}_min": float(min(xs)), f"{key}_max": float(max(xs))}
-
-
 def run(*, nodes: int = 10_000, sizes: tuple[int, ...] = SIZES, runs: int = 3, threads: int = 32,
         out: Path, say: Say = print, keep_running: bool = False) -> dict[str, Any]:
     need = 2 * runs * sum(sizes)
@@ -333,7 +326,7 @@ def run(*, nodes: int = 10_000, sizes: tuple[int, ...] = SIZES, runs: int = 3, t
                 summary: dict[str, Any] = {}
                 for key in ("seconds", "nodes_per_s", "raw_limit_nodes_per_s", "ratio", "verdict_to_cordon_p50_s",
                             "verdict_to_cordon_p99_s", "fault_to_done_p50_s"):
-                    summary.update(_median(per_run, key))
+                    summary.update(spread(key, [r[key] for r in per_run if r.get(key) is not None]))
                 summary["p50_s"], summary["p99_s"] = summary["verdict_to_cordon_p50_s"], summary["verdict_to_cordon_p99_s"]
                 summary["runs"] = per_run
                 by_size[str(size)] = summary

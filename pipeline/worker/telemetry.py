@@ -74,7 +74,7 @@ def install(w: Wiring) -> None:
                         await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, late_reason(r), result="late")
             if samples:
                 count_ok(msgs[0].topic, len(samples) - len(detection.refused))
-                where.setdefault(msgs[0].topic, {}).update(zip([x.node for x in samples], parts))
+                where.setdefault(msgs[0].topic, {}).update(zip((x.node for x in samples), parts))
                 newest: dict[int, float] = {}
                 for x, part in zip(samples, parts):
                     if x.ts > newest.get(part, 0.0):
@@ -215,7 +215,7 @@ def install(w: Wiring) -> None:
             last_commit = time.monotonic()
             #: the commit under way beside the loop (the producer's flush waits for the broker's
             #: acknowledgements of everything sent, and telemetry keeps flowing meanwhile)
-            committing: list[asyncio.Task] = []
+            committing: asyncio.Task | None = None
 
             async def commit() -> None:
                 # the offsets of records whose anomalies and dead letters were sent before
@@ -235,8 +235,9 @@ def install(w: Wiring) -> None:
 
             async def settle_commit() -> None:
                 """Wait for the commit under way; its failure is raised here, in the loop."""
-                if committing:
-                    task = committing.pop()
+                nonlocal committing
+                task, committing = committing, None
+                if task is not None:
                     await task
 
             class OnRebalance(ConsumerRebalanceListener):
@@ -277,10 +278,10 @@ def install(w: Wiring) -> None:
                     for topic, msgs in by_topic.items():
                         await handle_telemetry(msgs, *telemetry[topic])
                     offsets.update(fetched)
-                    if committing and committing[0].done():
+                    if committing is not None and committing.done():
                         await settle_commit()
-                    if offsets and not committing and time.monotonic() - last_commit >= s.worker.commit_interval_s:
-                        committing.append(asyncio.ensure_future(commit()))
+                    if offsets and committing is None and time.monotonic() - last_commit >= s.worker.commit_interval_s:
+                        committing = asyncio.ensure_future(commit())
                         last_commit = time.monotonic()
             finally:
                 try:

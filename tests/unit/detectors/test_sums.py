@@ -38,3 +38,23 @@ def test_throttle_on_counts_equals_throttle_on_windows():
     b = [(f.index, f.gpu, round(f.score, 9)) for f in det.detect_counts(thermal.sum(axis=1), 60, temp.max(axis=1))]
     assert a == b
     assert [(i, g) for i, g, _ in a] == [(5, 2), (9, 6)]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rate_change_p_values_are_scipy_stats_binomial_tail(seed):
+    """The rate test's p-value is the conditional binomial test, P(X >= recent count) for
+    X ~ Bin(window total, recent share of the readings); computed with scipy.special in
+    the detector, checked here against scipy.stats' own binomial distribution."""
+    from scipy import stats
+
+    rng = np.random.default_rng(seed)
+    det = RateChangeDetector(window=120, recent=30)
+    counts = rng.poisson(0.05, (300, 120, 8)).astype(float)
+    counts[:40, -30:, :] += rng.poisson(rng.uniform(0.05, 2.0, (40, 1, 8)), (40, 30, 8))
+    k_rec, total = counts[:, 90:].sum(axis=1), counts.sum(axis=1)
+    active = (k_rec >= 1) & (total >= det.min_events)
+    want = np.ones(total.shape)
+    want[active] = stats.binom.sf(k_rec[active] - 1, total[active], 30 / 120)
+    got = 10.0 ** -det.score(counts)
+    assert active.sum() > 500 and (want < 1e-6).sum() > 20  # quiet and raised series both covered
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-300)
