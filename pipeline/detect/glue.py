@@ -499,8 +499,15 @@ class _FleetRows:
 
     @property
     def nodes(self) -> int:
-        """Nodes with state here (a node whose GPU or port count changed is in two fleets)."""
+        """Distinct nodes with state here (a node whose GPU or port count changed has a row
+        in each of its fleets): a pass over every node, for reports."""
         return len({n for f in self.fleets.values() for n in f.names})
+
+    @property
+    def rows(self) -> int:
+        """Node rows held here, without a pass over the nodes: for the hot path, where a
+        change of it says that new nodes arrived."""
+        return sum(len(f.names) for f in self.fleets.values())
 
     def nbytes(self) -> int:
         """Bytes of the per-node arrays of every fleet."""

@@ -141,8 +141,8 @@ def install(w: Wiring) -> None:
 
     def after_gpu(samples: list[GpuSample], parts: list[int]) -> None:
         # nodes that report telemetry are on the fleet view from their first sample
-        if gpu_detection.nodes != state.get("gpu_nodes"):
-            state["gpu_nodes"] = gpu_detection.nodes
+        if gpu_detection.rows != state.get("gpu_rows"):
+            state["gpu_rows"] = gpu_detection.rows
             for x in samples:
                 if x.node not in w.api.known:
                     w.api.known.add(x.node)

@@ -133,8 +133,10 @@ class Wiring:
     # ------------------------------------------------------------------ fleet
 
     def nodes_seen(self) -> int:
-        """Nodes that sent telemetry (the detectors' state holds every one)."""
-        return max(self.gpu_detection.nodes, self.net_detection.nodes)
+        """Nodes that sent telemetry (the detectors' state holds every one), counted as rows:
+        it is read for every verdict (the breaker's fleet size when none is configured), and
+        only a node whose GPU or port count changed is counted twice."""
+        return max(self.gpu_detection.rows, self.net_detection.rows)
 
     def fleet_size(self) -> int:
         return self.s.safety.fleet_size or self.nodes_seen()
