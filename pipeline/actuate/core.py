@@ -367,13 +367,23 @@ class ActionRunner:
     (:data:`URGENCY`, then ``seq``). ``report`` hears every try's result (the worker writes
     it down and publishes the record); ``owns(partition)`` says whether this worker still
     carries out that partition's work (after a rebalance, the new owner does).
+
+    ``durable()``, when given, is awaited before newly added work is first tried (the
+    worker flushes its producer): the circuit breaker's count and the pending table that
+    the work was planned with are then on the broker before the backend acts, so a worker
+    killed in between cannot come back with a breaker that forgot an isolation it made.
+    Work added while a flush is under way waits for the next one.
     """
 
     def __init__(self, actuation: Actuation, report: Report, *, max_in_flight: int = 64,
-                 owns: Callable[[int], bool] | None = None, clock: Callable[[], float] = time.time) -> None:
+                 owns: Callable[[int], bool] | None = None, clock: Callable[[], float] = time.time,
+                 durable: Callable[[], Awaitable[None]] | None = None, durable_timeout_s: float = 5.0) -> None:
         self.actuation, self.report, self.max_in_flight = actuation, report, max_in_flight
         self.owns = owns or (lambda p: True)
         self.clock = clock
+        self.durable, self.durable_timeout_s = durable, durable_timeout_s
+        #: keys of work added since the last flush began (not yet known to be durable)
+        self.fresh: set[str] = set()
         self.queues: dict[str, list[Work]] = {}
         self.keys: set[str] = set()
         self.busy: set[str] = set()
@@ -391,6 +401,8 @@ class ActionRunner:
             return False
         bisect.insort(self.queues.setdefault(w.target, []), w, key=lambda x: x.seq)
         self.keys.add(w.key)
+        if self.durable is not None:
+            self.fresh.add(w.key)
         self._wake.set()
         return True
 
@@ -414,7 +426,7 @@ class ActionRunner:
             if not q:
                 del self.queues[target]
                 continue
-            if target not in self.busy and q[0].due <= now:
+            if target not in self.busy and q[0].due <= now and q[0].key not in self.fresh:
                 due.append((urgency(q[0]), q[0].seq, target))
         for _, _, target in heapq.nsmallest(room, due):
             self.busy.add(target)
@@ -425,6 +437,21 @@ class ActionRunner:
 
     def next_due(self) -> float | None:
         return min((q[0].due for t, q in self.queues.items() if q and t not in self.busy), default=None)
+
+    async def make_durable(self) -> bool:
+        """Await ``durable()`` for the work added so far; False if it failed or timed out
+        (that work waits, and the next round tries again)."""
+        if not self.fresh or self.durable is None:
+            return True
+        batch = set(self.fresh)
+        try:
+            await asyncio.wait_for(self.durable(), self.durable_timeout_s)
+        except Exception as exc:  # the broker is away: acting now could outrun the breaker's record
+            log.warning("%d actions wait: the state they were planned with is not on the broker yet (%r)",
+                        len(batch), exc)
+            return False
+        self.fresh -= batch
+        return True
 
     async def _one(self, w: Work) -> None:
         got: ActionRecord | Work
@@ -452,8 +479,11 @@ class ActionRunner:
         """The pump: start what is due, then wait for new work, a finished try or the next
         due time (at most a second)."""
         while not should_stop():
-            now = self.clock()
             self._wake.clear()
+            if not await self.make_durable():
+                await asyncio.sleep(0.5)
+                continue
+            now = self.clock()
             self.start_due(now)
             nxt = self.next_due()
             timeout = 1.0 if nxt is None else min(1.0, max(0.01, nxt - now))

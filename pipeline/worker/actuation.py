@@ -75,7 +75,7 @@ def install(w: Wiring) -> tuple[Any, ...]:
     def runner() -> ActionRunner:
         if state["runner"] is None:
             state["runner"] = ActionRunner(actuation(), report_step, max_in_flight=s.actuators.max_in_flight,
-                                           owns=owns_decisions)
+                                           owns=owns_decisions, durable=app.producer.flush)
         return state["runner"]
 
     @app.task
@@ -129,16 +129,15 @@ def install(w: Wiring) -> tuple[Any, ...]:
     alerts = build_alerts(s, record_action)
     app.fleetmedic_alerts = alerts  # type: ignore[attr-defined]
 
-    written = {"changes": -1}
+    window = BreakerWindow(breaker, breaker_state)
+
+    def sync_breaker() -> None:
+        if window.sync():
+            metrics.breaker_used.set(window.used)
 
     def keep_breaker() -> None:
-        """The breaker's window into its table when it changed: a copy on every step cost a
-        write of the whole window (thousands of isolations in a burst) per action."""
-        if breaker.changes != written["changes"]:
-            snap = breaker.snapshot()
-            breaker_state["isolations"] = snap
-            metrics.breaker_used.set(len(snap))
-            written["changes"] = breaker.changes
+        if window.keep():
+            metrics.breaker_used.set(window.used)
 
     async def settle_step(event: Any) -> None:
         """A try's result, from the runner: kept (retry) or settled (done)."""
@@ -156,6 +155,7 @@ def install(w: Wiring) -> tuple[Any, ...]:
             action_pending[step.key] = step.work
             return
         assert step.record is not None
+        sync_breaker()
         records = await actuation().finish(Work.from_dict(step.work), step.record)
         del action_pending[step.key]
         keep_breaker()
@@ -177,9 +177,7 @@ def install(w: Wiring) -> tuple[Any, ...]:
             w.api.saw_verdict(rec.to_dict())
             if alerts is not None:
                 alerts.submit(rec)
-            saved = breaker_state.get("isolations")
-            if saved and not breaker.snapshot():
-                breaker.restore(saved)
+            sync_breaker()
             try:
                 planned = await actuation().plan(rec, seq=event.message.offset, partition=event.message.partition)
             except Exception as exc:
@@ -197,6 +195,48 @@ def install(w: Wiring) -> tuple[Any, ...]:
                     await record_action(step)
 
     return (actuate,)
+
+
+class BreakerWindow:
+    """The circuit breaker's window kept in a table (a Faust table: its changelog carries it
+    across restarts and rebalances), under the key ``isolations``.
+
+    The table is the truth. :meth:`sync` runs first in every actuation event: the table's
+    value is the object this worker last wrote unless the table was recovered from the
+    changelog since (a start, a rebalance), and then the breaker takes it before any check,
+    release or write. :meth:`keep` writes the window after the event, only when it changed
+    (a copy on every step cost a write of the whole window, thousands of isolations in a
+    burst, per action).
+    """
+
+    KEY = "isolations"
+
+    def __init__(self, breaker: Any, table: Any) -> None:
+        self.breaker, self.table = breaker, table
+        self.window: Any = None  # the object last written or read
+        self.changes = -1  # the breaker's change count then
+
+    @property
+    def used(self) -> int:
+        return len(self.breaker.snapshot())
+
+    def sync(self) -> bool:
+        """The breaker from the table if the table changed under it; whether it did."""
+        window = self.table.get(self.KEY)
+        if window is self.window:
+            return False
+        self.breaker.restore(window or [])
+        self.window, self.changes = window, self.breaker.changes
+        return True
+
+    def keep(self) -> bool:
+        """The breaker's window into the table if it changed; whether it did."""
+        if self.breaker.changes == self.changes:
+            return False
+        self.window = self.breaker.snapshot()
+        self.table[self.KEY] = self.window
+        self.changes = self.breaker.changes
+        return True
 
 
 class _TableLedger:

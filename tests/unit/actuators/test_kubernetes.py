@@ -119,6 +119,25 @@ def _selector(text: str) -> dict[str, str]:
     return dict(pairs)  # type: ignore[arg-type]
 
 
+class _RawAnswer:
+    """What the client returns with ``_preload_content=False``: the HTTP response, its body
+    unread (urllib3's ``read`` and ``release_conn``), not a model."""
+
+    def __init__(self, obj: Any) -> None:
+        self.body = json.dumps(_SERIALIZER.sanitize_for_serialization(obj)).encode()
+        self.released = False
+
+    def read(self) -> bytes:
+        return self.body
+
+    def release_conn(self) -> None:
+        self.released = True
+
+
+def _answer(obj: Any, kwargs: dict[str, Any]) -> Any:
+    return _RawAnswer(obj) if kwargs.get("_preload_content") is False else obj
+
+
 class _FakeApi:
     """Shared plumbing: signature check, call log, injected failures, resource versions."""
 
@@ -273,11 +292,11 @@ class FakeCoreV1Api(_FakeApi):
 
     def patch_node(self, name: str, body: Any, **kwargs: Any) -> V1Node:
         self._enter("patch_node", name, body, **kwargs)
-        return self._patch(self._node_doc(name), body, V1Node, part="main")
+        return _answer(self._patch(self._node_doc(name), body, V1Node, part="main"), kwargs)
 
     def patch_node_status(self, name: str, body: Any, **kwargs: Any) -> V1Node:
         self._enter("patch_node_status", name, body, **kwargs)
-        return self._patch(self._node_doc(name), body, V1Node, part="status")
+        return _answer(self._patch(self._node_doc(name), body, V1Node, part="status"), kwargs)
 
     def list_pod_for_all_namespaces(self, **kwargs: Any) -> V1PodList:
         self._enter("list_pod_for_all_namespaces", **kwargs)
@@ -329,7 +348,7 @@ class FakeCoreV1Api(_FakeApi):
         if (namespace, name) in self.events:
             raise api_error(409, f'events "{name}" already exists')
         self.events[(namespace, name)] = doc
-        return body
+        return _answer(body, kwargs)
 
 
 class FakeBatchV1Api(_FakeApi):

@@ -213,3 +213,90 @@ async def test_in_a_burst_every_node_is_isolated_before_the_first_drain_or_diagn
     for action, target in backend.calls:
         by_node.setdefault(target, []).append(action)
     assert all(v == ["isolate", "drain", "diagnose"] for k, v in by_node.items() if k.startswith("node-"))
+
+
+class Flush:
+    """The worker's producer flush, held at a gate: it records which work the runner had
+    started when each flush began (nothing planned may reach the backend before its flush)."""
+
+    def __init__(self, backend: GatedBackend) -> None:
+        self.backend = backend
+        self.gate = asyncio.Event()
+        self.calls_at_start: list[int] = []
+        self.fail = False
+
+    async def __call__(self) -> None:
+        self.calls_at_start.append(len(self.backend.calls))
+        await self.gate.wait()
+        if self.fail:
+            raise ConnectionError("broker unreachable")
+
+
+async def test_no_work_reaches_the_backend_before_the_state_it_was_planned_with_is_flushed() -> None:
+    backend, clock = GatedBackend(), Clock()
+    backend.gate.set()
+    act, _, reports = _setup(backend, clock)
+    flush = Flush(backend)
+
+    async def report(w: Work, got: ActionRecord | Work) -> None:
+        reports.append((w, got))
+
+    runner = ActionRunner(act, report, clock=clock, durable=flush, durable_timeout_s=5.0)
+    await _plan(act, runner, [("isolate", "node-0001")], "v-1", 1, "node-0001")
+    assert runner.start_due(clock()) == 0  # planned, not yet durable: not started
+    stop = asyncio.Event()
+    pump = asyncio.ensure_future(runner.run(stop.is_set))
+    await _settle(runner)
+    assert flush.calls_at_start == [0] and backend.calls == []  # waiting on its flush
+    # work planned while that flush is under way waits for the next one
+    await _plan(act, runner, [("isolate", "node-0002")], "v-2", 2, "node-0002")
+    flush.gate.set()
+    for _ in range(20):
+        await _settle(runner)
+    assert backend.calls == [("isolate", "node-0001"), ("isolate", "node-0002")]
+    assert flush.calls_at_start == [0, 1]  # node-0002 only after a flush begun after it was planned
+    stop.set()
+    runner._wake.set()
+    await asyncio.wait_for(pump, 5)
+
+
+async def test_a_flush_that_fails_holds_the_work_and_is_tried_again() -> None:
+    backend, clock = GatedBackend(), Clock()
+    backend.gate.set()
+    act, _, _ = _setup(backend, clock)
+    flush = Flush(backend)
+    flush.gate.set()
+    flush.fail = True
+    runner = ActionRunner(act, lambda w, got: asyncio.sleep(0), clock=clock, durable=flush)
+    await _plan(act, runner, [("isolate", "node-0001")], "v-1", 1, "node-0001")
+    assert await runner.make_durable() is False
+    assert runner.start_due(clock()) == 0 and backend.calls == []
+    flush.fail = False
+    assert await runner.make_durable() is True
+    assert runner.start_due(clock()) == 1
+
+
+async def test_the_breaker_takes_its_window_from_the_table_after_a_recovery_before_anything_else() -> None:
+    """A worker that starts (or gets the partition back) reads the window the changelog
+    restored, even when the first thing it settles is a try's result and not a verdict."""
+    from pipeline.worker.actuation import BreakerWindow
+
+    table: dict[str, object] = {}
+    first = CircuitBreaker(max_fraction=1.0, max_absolute=3, window_s=3600.0)
+    w1 = BreakerWindow(first, table)
+    for node in ("st-0", "st-1"):
+        w1.sync()
+        assert first.check(node, 40, T0).allowed
+        assert w1.keep()
+    assert w1.keep() is False  # unchanged: not written again
+    # the changelog's copy, as recovery decodes it in a new worker (a new object, lists)
+    table = {"isolations": [[t, n] for t, n in table["isolations"]]}
+    second = CircuitBreaker(max_fraction=1.0, max_absolute=3, window_s=3600.0)
+    w2 = BreakerWindow(second, table)
+    assert w2.sync() is True
+    second.release("st-9")  # a settled failure elsewhere: nothing to give back
+    w2.keep()
+    assert [n for _, n in table["isolations"]] == ["st-0", "st-1"]
+    assert second.check("st-2", 40, T0 + 1).allowed
+    assert not second.check("st-3", 40, T0 + 2).allowed  # the cap of 3 holds across the restart
+    assert w2.sync() is False  # its own write is not a recovery
