@@ -9,6 +9,13 @@ Node names are Slurm node names; job targets are Slurm job ids, bare (``"42"``) 
 the ``slurm-`` prefix used on ``telemetry.job`` (``"slurm-42"``).  A drain reason always
 names the verdict: ``fleetmedic <verdict id>: <reason>``; ``return`` resumes only nodes
 whose reason is ours, so a node drained by a person stays drained.
+
+Drains that arrive together (a burst of failed nodes) are made together
+(:class:`actuators.batch.Coalescer`): one ``scontrol show node <list>`` observes them
+all, one ``scontrol`` process reads every node's ``update`` from its standard input
+(each node keeps its own reason), a second ``show`` confirms each drain, and one ``show
+reservation`` finds the diagnostics reservations to delete. A process per command per
+node cost about 3 processes per node; a batch costs 4 whatever its size.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from dataclasses import dataclass
 from schemas import ActionName, Outcome
 
 from .base import ActionRequest, ActionResult, PermanentError, TemporaryError
+from .batch import Coalescer
 from .slurm_text import JOB_PREFIX, expand_hostlist, job_attempt, parse_oneliner
 
 log = logging.getLogger(__name__)
@@ -74,6 +82,7 @@ class SlurmBackend:
         diag_time_limit: str = "30:00",
         reservation_hours: int = 2,
         diag_start_polls: int = 30,
+        max_batch: int = 500,
     ) -> None:
         self.env = dict(os.environ)
         if slurm_conf:
@@ -84,6 +93,7 @@ class SlurmBackend:
         self.diag_time_limit = diag_time_limit
         self.reservation_hours = reservation_hours
         self.diag_start_polls = diag_start_polls
+        self._drains: Coalescer[ActionRequest, ActionResult] = Coalescer(self._drain_many, max_batch=max_batch)
 
     def supports(self, action: ActionName) -> bool:
         return True
@@ -96,17 +106,20 @@ class SlurmBackend:
     def _bin(self, name: str) -> str:
         return os.path.join(self.bin_dir, name) if self.bin_dir else name
 
-    async def run(self, *argv: str, check: bool = True) -> CommandResult:
+    async def run(self, *argv: str, check: bool = True, stdin: str | None = None) -> CommandResult:
+        """``argv`` as a process (``stdin``, if given, written to it); a non-zero exit
+        raises a typed error unless ``check`` is false."""
         cmd = [self._bin(argv[0]), *argv[1:]]
         try:
             proc = await asyncio.create_subprocess_exec(
-                *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=self.env,
+                *cmd, stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self.env,
             )
         except FileNotFoundError as exc:
             raise PermanentError(f"{cmd[0]} not found: is Slurm installed?") from exc
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
+            out, err = await asyncio.wait_for(
+                proc.communicate(None if stdin is None else stdin.encode()), self.timeout_s)
         except TimeoutError:
             proc.kill()
             await proc.wait()
@@ -169,16 +182,87 @@ class SlurmBackend:
         return f"{REASON_PREFIX} {req.verdict_id}: {what}{req.reason or req.action.value}"[:200]
 
     async def _drain(self, req: ActionRequest) -> ActionResult:
-        """isolate / drain / escalate: the node takes no new jobs, with a reason naming the verdict."""
-        info = await self.show_node(req.target)
-        states = self._states(info)
-        reason = info.get("Reason", "")
-        drained = bool(states & {"DRAIN", "DRAINED", "DRAINING"})
-        if drained and (req.verdict_id in reason or req.action is not ActionName.escalate):
-            return ActionResult(Outcome.already_so, f"{req.target} already drained: {reason}")
-        await self.run("scontrol", "update", f"NodeName={req.target}", "State=DRAIN", f"Reason={self._reason(req)}")
-        await self._delete_reservation(req.target)
-        return ActionResult(Outcome.applied, f"drained {req.target}: {self._reason(req)}")
+        """isolate / drain / escalate: the node takes no new jobs, with a reason naming the
+        verdict; made together with the drains that arrive meanwhile."""
+        return await self._drains.submit(req)
+
+    async def show_nodes(self, nodes: Sequence[str]) -> dict[str, dict[str, str]]:
+        """Each of ``nodes`` that the controller knows, by name (one ``scontrol show node``)."""
+        res = await self.run("scontrol", "show", "node", ",".join(nodes), "-o", check=False)
+        found = {}
+        for line in res.out.splitlines():
+            if line.startswith("NodeName="):
+                info = parse_oneliner(line)
+                found[info["NodeName"]] = info
+        if res.rc != 0 and not found:
+            low = (res.err + res.out).lower()
+            if "not found" not in low and "invalid node name" not in low:
+                raise self._error(["scontrol", "show", "node", f"<{len(nodes)} nodes>", "-o"], res)
+        return found
+
+    def _settled(self, req: ActionRequest, info: dict[str, str]) -> bool:
+        """Whether ``info`` already shows the drain ``req`` asks for."""
+        drained = bool(self._states(info) & {"DRAIN", "DRAINED", "DRAINING"})
+        return drained and (req.action is not ActionName.escalate or req.verdict_id in info.get("Reason", ""))
+
+    @staticmethod
+    def _quoted(reason: str) -> str:
+        """A reason as one quoted word on scontrol's standard input."""
+        return '"' + " ".join(reason.replace('"', "'").split()) + '"'
+
+    async def _drain_many(self, reqs: list[ActionRequest]) -> list[ActionResult | BaseException]:
+        """Observe every node once, drain those not drained yet in one ``scontrol``
+        process (a line per node, each with its own reason), observe again to confirm,
+        and delete the diagnostics reservations of the nodes drained."""
+        before = await self.show_nodes(sorted({r.target for r in reqs}))
+        out: dict[int, ActionResult | BaseException] = {}
+        todo: dict[str, ActionRequest] = {}
+        for i, r in enumerate(reqs):
+            info = before.get(r.target)
+            if info is None:
+                out[i] = PermanentError(f"no Slurm node {r.target}")
+            elif self._settled(r, info):
+                out[i] = ActionResult(Outcome.already_so, f"{r.target} already drained: {info.get('Reason', '')}")
+            elif r.target in todo:  # two drains of one node in one batch: the first one's reason stands
+                out[i] = ActionResult(Outcome.already_so, f"{r.target} drained in this batch")
+            else:
+                todo[r.target] = r
+        if todo:
+            lines = "".join(f"update NodeName={n} State=DRAIN Reason={self._quoted(self._reason(r))}\n"
+                            for n, r in todo.items())
+            res = await self.run("scontrol", stdin=lines, check=False)
+            after = await self.show_nodes(sorted(todo))
+            drained = [n for n, r in todo.items() if n in after and self._settled(r, after[n])]
+            await self._delete_reservations(drained)
+            for i, r in enumerate(reqs):
+                if i in out or todo.get(r.target) is not r:
+                    continue
+                if r.target in drained:
+                    out[i] = ActionResult(Outcome.applied, f"drained {r.target}: {self._reason(r)}")
+                else:
+                    state = after.get(r.target, {}).get("State", "gone")
+                    error = " ".join((res.err or res.out).split())[:300]
+                    out[i] = TemporaryError(f"drain of {r.target} not taken (state {state}): {error}")
+        if len(reqs) > 1:
+            log.info("%d drains in one batch: %d made, %d already so", len(reqs), len(todo),
+                     sum(1 for o in out.values() if isinstance(o, ActionResult) and o.outcome is Outcome.already_so))
+        return [out[i] for i in range(len(reqs))]
+
+    async def _delete_reservations(self, nodes: Sequence[str]) -> None:
+        """Delete the diagnostics reservations of ``nodes`` that exist (one ``show``; a
+        delete line per reservation found, in one process)."""
+        if not nodes:
+            return
+        res = await self.run("scontrol", "show", "reservation", "-o", check=False)
+        have = {ln.split()[0].removeprefix("ReservationName=") for ln in res.out.splitlines()
+                if ln.startswith("ReservationName=")}
+        gone = [name for name in (self.reservation_name(n) for n in nodes) if name in have]
+        if not gone:
+            return
+        lines = "".join(f"delete ReservationName={name}\n" for name in gone)
+        done = await self.run("scontrol", stdin=lines, check=False)
+        if done.rc != 0:
+            log.warning("could not delete every reservation of %s: %s", ",".join(gone), done.err.strip()[:300])
 
     async def _resume(self, req: ActionRequest) -> ActionResult:
         """return: resume a node fleetmedic drained; leave a person's drain alone."""

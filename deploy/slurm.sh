@@ -12,6 +12,7 @@ set -euo pipefail
 
 STATE_ROOT="${FLEETMEDIC_STATE:-$HOME/.cache/fleetmedic/run}"
 FLEETMEDIC_SLURM_NODES="${FLEETMEDIC_SLURM_NODES:-4}"
+FLEETMEDIC_SLURM_BENCH_NODES="${FLEETMEDIC_SLURM_BENCH_NODES:-0}"
 FLEETMEDIC_SLURM_NODE_CPUS="${FLEETMEDIC_SLURM_NODE_CPUS:-4}"
 FLEETMEDIC_SLURM_NODE_MEMORY="${FLEETMEDIC_SLURM_NODE_MEMORY:-16000}"
 FLEETMEDIC_SLURM_NODE_GPUS="${FLEETMEDIC_SLURM_NODE_GPUS:-8}"
@@ -84,6 +85,12 @@ Environment (FLEETMEDIC_ prefix: Slurm's own commands read SLURM_* variables):
   FLEETMEDIC_STATE                 state root (default \$HOME/.cache/fleetmedic/run);
                                    the cluster lives in \$FLEETMEDIC_STATE/slurm
   FLEETMEDIC_SLURM_NODES           number of nodes n1..nN (default 4)
+  FLEETMEDIC_SLURM_BENCH_NODES     nodes b00001..bM in a partition "bench" of
+                                   their own, in slurm.conf but with no slurmd
+                                   (default 0): for make bench-burst, whose
+                                   drains need many nodes and no jobs. The
+                                   controller sees them as not responding; a
+                                   drain is recorded on them as on any node
   FLEETMEDIC_SLURM_NODE_CPUS       CPUs per node (default 4; not checked against
                                    the machine: SlurmdParameters=config_overrides)
   FLEETMEDIC_SLURM_NODE_MEMORY     RealMemory per node, MB (default 16000; not
@@ -145,6 +152,8 @@ node_names() {
 node_range() {
     if ((FLEETMEDIC_SLURM_NODES == 1)); then printf 'n1'; else printf 'n[1-%d]' "$FLEETMEDIC_SLURM_NODES"; fi
 }
+
+bench_range() { printf 'b[00001-%05d]' "$FLEETMEDIC_SLURM_BENCH_NODES"; }
 
 # previous port of NAME from the ports file, if any
 prev_port() {
@@ -316,7 +325,17 @@ EOF
             printf 'NodeName=%s NodeHostname=%s NodeAddr=127.0.0.1 Port=%s CPUs=%s RealMemory=%s%s State=UNKNOWN\n' \
                 "$n" "$n" "$port" "$FLEETMEDIC_SLURM_NODE_CPUS" "$FLEETMEDIC_SLURM_NODE_MEMORY" "$gres_line"
         done
-        printf 'PartitionName=%s Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n' "$FLEETMEDIC_SLURM_PARTITION"
+        if ((FLEETMEDIC_SLURM_BENCH_NODES > 0)); then
+            # no slurmd answers for these (port 1: refused at once); State=DOWN spares the controller's
+            # first round of pings before it would mark them so itself
+            printf 'NodeName=%s NodeAddr=127.0.0.1 Port=%s CPUs=%s RealMemory=%s State=DOWN\n' \
+                "$(bench_range)" 1 "$FLEETMEDIC_SLURM_NODE_CPUS" "$FLEETMEDIC_SLURM_NODE_MEMORY"
+            printf 'PartitionName=%s Nodes=%s Default=YES MaxTime=INFINITE State=UP\n' \
+                "$FLEETMEDIC_SLURM_PARTITION" "$(node_range)"
+            printf 'PartitionName=bench Nodes=%s Default=NO MaxTime=INFINITE State=UP\n' "$(bench_range)"
+        else
+            printf 'PartitionName=%s Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n' "$FLEETMEDIC_SLURM_PARTITION"
+        fi
     } >"$CONF"
 }
 
@@ -338,7 +357,7 @@ ctld_up() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
 # draining (a DRAIN from an earlier session is kept by slurmctld).
 nodes_ready() {
     local out n st
-    out="$(sinfo -h -N -o '%N %t' 2>/dev/null)" || return 1
+    out="$(sinfo -h -N -p "$FLEETMEDIC_SLURM_PARTITION" -o '%N %t' 2>/dev/null)" || return 1
     for n in $(node_names); do
         st="$(awk -v n="$n" '$1 == n { print $2; exit }' <<<"$out")"
         [[ "$st" =~ ^(idle|alloc|mix|comp|drain|drng|drained|resv|maint)$ ]] || return 1
@@ -348,8 +367,8 @@ nodes_ready() {
 # no node drained/down/not responding (used after resuming stale drains)
 nodes_idle() {
     nodes_ready || return 1
-    [[ -z "$(sinfo -h -N -t drain,drng,down -o '%N' 2>/dev/null)" ]] || return 1
-    ! sinfo -h -N -o '%t' 2>/dev/null | grep -q '[*~#!%$@^-]$'
+    [[ -z "$(sinfo -h -N -p "$FLEETMEDIC_SLURM_PARTITION" -t drain,drng,down -o '%N' 2>/dev/null)" ]] || return 1
+    ! sinfo -h -N -p "$FLEETMEDIC_SLURM_PARTITION" -o '%t' 2>/dev/null | grep -q '[*~#!%$@^-]$'
 }
 
 is_running() {
@@ -408,7 +427,8 @@ wait_nodes_ready() {
 # those, keeping jobs and node states.
 heal_slurmds() {
     munged_pid >/dev/null && ctld_pid >/dev/null && [[ -f "$CONF" && -f "$PORTS_FILE" ]] || return 1
-    [[ "$(grep -c '^NodeName=' "$CONF")" -eq "$FLEETMEDIC_SLURM_NODES" ]] || return 1
+    [[ "$(grep -c '^NodeName=n' "$CONF")" -eq "$FLEETMEDIC_SLURM_NODES" ]] || return 1
+    grep -q "^NodeName=$(bench_range) " "$CONF" || ((FLEETMEDIC_SLURM_BENCH_NODES == 0)) || return 1
     ctld_up || return 1
     local n missing=() start=$SECONDS
     for n in $(node_names); do
@@ -426,6 +446,8 @@ heal_slurmds() {
 
 cmd_start() {
     [[ "$FLEETMEDIC_SLURM_NODES" =~ ^[1-9][0-9]*$ ]] || die "FLEETMEDIC_SLURM_NODES must be a positive integer"
+    [[ "$FLEETMEDIC_SLURM_BENCH_NODES" =~ ^[0-9]+$ ]] && ((FLEETMEDIC_SLURM_BENCH_NODES <= 99999)) \
+        || die "FLEETMEDIC_SLURM_BENCH_NODES must be an integer from 0 to 99999"
     take_lock
     if is_running; then
         log "already running (slurmctld pid $(ctld_pid))"
@@ -508,7 +530,7 @@ cmd_start() {
     # restarts; start hands out clean nodes unless FLEETMEDIC_SLURM_KEEP_NODE_STATE=1.
     local drained resv r
     resv="$(scontrol show reservation -o 2>/dev/null | sed -n 's/^ReservationName=\([^ ]*\).*/\1/p')"
-    drained="$(sinfo -h -N -t drain,drng,down -o '%N' 2>/dev/null | sort -u | paste -sd, -)"
+    drained="$(sinfo -h -N -p "$FLEETMEDIC_SLURM_PARTITION" -t drain,drng,down -o '%N' 2>/dev/null | sort -u | paste -sd, -)"
     if [[ "${FLEETMEDIC_SLURM_KEEP_NODE_STATE:-0}" == 1 ]]; then
         [[ -n "$resv" ]] && log "note: reservations kept from an earlier session: $(paste -sd' ' - <<<"$resv")"
     else

@@ -143,3 +143,47 @@ def test_requeued_job_runs_again_and_can_exclude_a_node_while_held(slurm_conf: s
     finally:
         sh(slurm_conf, "scancel", jid, check=False)
     wait_for("job to leave the nodes", lambda: state_is(slurm_conf, jid, "CANCELLED"), timeout=30)
+
+
+def test_drains_that_arrive_together_are_made_in_one_batch_each_with_its_own_reason(slurm_conf: str) -> None:
+    """The Slurm backend against the real controller: four isolations at once (two
+    nodes in service, one a person drained, one unknown) are observed, made and checked
+    in one batch; each drained node carries its own verdict in its reason, the person's
+    drain is left as it is, and the unknown node fails alone."""
+    import asyncio
+
+    from actuators.base import ActionRequest, PermanentError
+    from actuators.slurm import SlurmBackend
+    from schemas import ActionName, Outcome
+
+    ours, person = nodes(slurm_conf)[1:3], nodes(slurm_conf)[3]
+    for n in (*ours, person):
+        wait_for(f"{n} idle", lambda n=n: node_states(slurm_conf)[n] == "idle", timeout=30)
+    tag = uuid.uuid4().hex[:6]
+    sh(slurm_conf, "scontrol", "update", f"NodeName={person}", "State=DRAIN", "Reason=rma ticket 4711")
+    backend = SlurmBackend(slurm_conf=slurm_conf)
+
+    def isolate(node: str) -> ActionRequest:
+        return ActionRequest(verdict_id=f"v-{tag}-{node}", action=ActionName.isolate, target=node,
+                             reason=f'gpu_hardware (node {node}, "xid 79")')
+
+    async def burst() -> list[object]:
+        return await asyncio.gather(*(backend.apply(isolate(n)) for n in (*ours, person, "n999")),
+                                    return_exceptions=True)
+
+    try:
+        got = asyncio.run(burst())
+        assert backend._drains.batches == [4]
+        assert [g.outcome for g in got[:3]] == [Outcome.applied, Outcome.applied, Outcome.already_so], got
+        assert isinstance(got[3], PermanentError) and "n999" in str(got[3])
+        reasons = dict(line.split("|", 1) for line in sh(slurm_conf, "sinfo", "-R", "-h", "-o", "%N|%E").splitlines())
+        for n in ours:
+            assert reasons[n] == f"fleetmedic v-{tag}-{n}: gpu_hardware (node {n}, 'xid 79')", reasons
+        assert reasons[person] == "rma ticket 4711"
+        # again: everything is already so, and nothing is written
+        again = asyncio.run(burst())
+        assert [g.outcome for g in again[:3]] == [Outcome.already_so] * 3, again
+    finally:
+        sh(slurm_conf, "scontrol", "update", f"NodeName={','.join((*ours, person))}", "State=RESUME", check=False)
+    for n in (*ours, person):
+        wait_for(f"{n} idle again", lambda n=n: node_states(slurm_conf)[n] == "idle", timeout=30)
