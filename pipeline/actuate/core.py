@@ -349,6 +349,12 @@ URGENCY: dict[str, int] = {ActionName.isolate.value: 0, ActionName.requeue.value
                            ActionName.restart.value: 1, ActionName.stop.value: 1, ActionName.drain.value: 2}
 
 
+#: while an isolation is under way or due, only work of at most this urgency starts (the
+#: isolations, and the requeues that move jobs off the failing nodes): in a burst the
+#: nodes are contained first, and their drains and diagnostics follow
+CONTAIN_FIRST = 1
+
+
 def urgency(w: Work) -> int:
     """The rank of ``w``'s action in :data:`URGENCY` (3 for any other)."""
     try:
@@ -364,7 +370,8 @@ class ActionRunner:
     Per target one try at a time, in ``seq`` order (a node's isolation before its drain,
     an older verdict's actions before a newer one's); at most ``max_in_flight`` targets at
     once; each try when it is due. Across targets, the most urgent due work starts first
-    (:data:`URGENCY`, then ``seq``). ``report`` hears every try's result (the worker writes
+    (:data:`URGENCY`, then ``seq``), and while an isolation runs or is due nothing less
+    urgent than :data:`CONTAIN_FIRST` starts. ``report`` hears every try's result (the worker writes
     it down and publishes the record); ``owns(partition)`` says whether this worker still
     carries out that partition's work (after a rebalance, the new owner does).
 
@@ -419,6 +426,7 @@ class ActionRunner:
                 owned[partition] = self.owns(partition)
             return owned[partition]
 
+        containing = False  # an isolation in flight, or due now
         for target in list(self.queues):
             q = self.queues[target]
             while q and not owns(q[0].partition):
@@ -426,8 +434,13 @@ class ActionRunner:
             if not q:
                 del self.queues[target]
                 continue
+            rank = urgency(q[0])
+            if rank == 0 and (target in self.busy or q[0].due <= now):
+                containing = True
             if target not in self.busy and q[0].due <= now and q[0].key not in self.fresh:
-                due.append((urgency(q[0]), q[0].seq, target))
+                due.append((rank, q[0].seq, target))
+        if containing:
+            due = [d for d in due if d[0] <= CONTAIN_FIRST]
         for _, _, target in heapq.nsmallest(room, due):
             self.busy.add(target)
             task = asyncio.ensure_future(self._one(self.queues[target][0]))

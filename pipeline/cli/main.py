@@ -438,7 +438,8 @@ def cmd_bench_burst(args: argparse.Namespace) -> int:
         nodes, sizes, runs = args.nodes, tuple(args.sizes or SIZES), args.runs
     try:
         run(nodes=nodes, sizes=sizes, runs=runs, threads=args.threads, out=Path(args.out),
-            keep_running=args.keep_running, say=lambda *a: print(*a, file=sys.stderr, flush=True))
+            keep_running=args.keep_running, say=lambda *a: print(*a, file=sys.stderr, flush=True),
+            backends=tuple(args.backend))
     except ValueError as exc:
         print(f"fleetmedic bench-burst: {exc}", file=sys.stderr)
         return 2
@@ -709,12 +710,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "for every node of the burst at once, and times one worker (backend kubernetes) until a watch "
                     "sees every node cordoned, tainted and conditioned; then the same writes to as many other "
                     "nodes as parallel PATCH requests from the same client library (the raw limit). Reports "
-                    "nodes/s, the ratio to the raw limit and verdict-to-cordon p50/p99 (medians with min and max).")
+                    "nodes/s, the ratio to the raw limit and verdict-to-cordon p50/p99 (medians with min and max). "
+                    "Then the same bursts on a Slurm controller of its own (deploy/slurm.sh, bench nodes without "
+                    "slurmd): fleetmedic's drains against scontrol reading a line per node, one host-list update, "
+                    "and a process per node.")
     sp.add_argument("--nodes", type=int, default=10_000, help="Node objects registered (default 10000)")
     sp.add_argument("--sizes", type=int, nargs="+", help="burst sizes (default 100 500 1000)")
     sp.add_argument("--runs", type=int, default=3, help="runs per burst size; medians are reported (default 3)")
     sp.add_argument("--threads", type=int, default=32,
                     help="API calls in flight, for the worker and for the raw limit alike (default 32)")
+    sp.add_argument("--backend", nargs="+", choices=["kubernetes", "slurm"], default=["kubernetes", "slurm"],
+                    help="where to isolate: the Kubernetes API server (Node objects), a Slurm controller (bench "
+                         "nodes without slurmd, drained through scontrol), or both (default)")
     sp.add_argument("--quick", action="store_true", help="600 nodes, bursts of 20 and 50: checks the harness works")
     sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "burst.json"), help="JSON output path")
     sp.add_argument("--keep-running", action="store_true", help="leave the control plane and the broker running")

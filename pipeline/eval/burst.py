@@ -195,9 +195,12 @@ def raw_limit(core: Any, names: list[str], threads: int) -> float:
     return time.perf_counter() - t0
 
 
-async def _fleetmedic_burst(bootstrap: str, s: Any, names: list[str], watch: NodeWatch,
-                            timeout: float) -> dict[str, Any]:
-    """Write one Xid 79 sample per node at once; wait until the watch sees every node done."""
+async def fleetmedic_burst(bootstrap: str, s: Any, names: list[str], watch: Any, timeout: float, *,
+                           done: str = "cordon", explain: Callable[[list[str]], str] | None = None) -> dict[str, Any]:
+    """Write one Xid 79 sample per node at once; wait until ``watch`` (``done``: node name
+    to wall time; ``wait(names, timeout)``) sees every node done. ``done`` names the
+    latency figures (``verdict_to_<done>_p50_s``); ``explain(missing)`` adds to the error
+    when some node is not done in time."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
     seen: dict[str, float] = {}
@@ -235,15 +238,14 @@ async def _fleetmedic_burst(bootstrap: str, s: Any, names: list[str], watch: Nod
         await producer.stop()
     if not ok:
         missing = [n for n in names if n not in watch.done]
-        states = [_state(watch.core.read_node(n)) for n in missing[:3]]
-        raise RuntimeError(f"burst of {len(names)}: {len(missing)} nodes not isolated within {timeout:.0f} s "
-                           f"(e.g. {states}; watch errors: {watch.errors[-3:]})")
+        raise RuntimeError(f"burst of {len(names)}: {len(missing)} nodes not done ({done}) within {timeout:.0f} s "
+                           f"(e.g. {explain(missing) if explain else missing[:5]}; watch errors: {watch.errors[-3:]})")
     last = max(watch.done[n] for n in names)
     lat = [watch.done[n] - seen[n] for n in names if n in seen]
     return {"seconds": last - t0, "nodes_per_s": len(names) / (last - t0),
             "fault_to_done_p50_s": float(np.percentile([watch.done[n] - t0 for n in names], 50)),
-            "verdict_to_cordon_p50_s": float(np.percentile(lat, 50)) if lat else None,
-            "verdict_to_cordon_p99_s": float(np.percentile(lat, 99)) if lat else None,
+            f"verdict_to_{done}_p50_s": float(np.percentile(lat, 50)) if lat else None,
+            f"verdict_to_{done}_p99_s": float(np.percentile(lat, 99)) if lat else None,
             "verdicts_seen": len(lat)}
 
 
@@ -260,21 +262,54 @@ def settle(worker: WorkerProcess, timeout: float) -> bool:
     return False
 
 
+BACKENDS = ("kubernetes", "slurm")
+
+
 def run(*, nodes: int = 10_000, sizes: tuple[int, ...] = SIZES, runs: int = 3, threads: int = 32,
-        out: Path, say: Say = print, keep_running: bool = False) -> dict[str, Any]:
+        out: Path, say: Say = print, keep_running: bool = False,
+        backends: tuple[str, ...] = BACKENDS) -> dict[str, Any]:
+    """The burst bench on each of ``backends`` (the Kubernetes figures at the top level of
+    the results, Slurm's under ``slurm``: :mod:`pipeline.eval.burst_slurm`)."""
     need = 2 * runs * sum(sizes)
-    if nodes < need:
+    if "kubernetes" in backends and nodes < need:
         raise ValueError(f"{nodes} nodes are too few: {runs} runs of bursts {list(sizes)} for fleetmedic and for "
                          f"the raw limit need {need} untouched nodes")
+    if unknown := set(backends) - set(BACKENDS):
+        raise ValueError(f"unknown backend {sorted(unknown)}: choose from {list(BACKENDS)}")
     from pipeline.config import state_dir
+    from pipeline.eval import burst_slurm
 
     state = state_dir("bench-burst")
     env = {**os.environ, "FLEETMEDIC_STATE": str(state)}
+    say("bench-burst: the embedded Kafka broker")
+    bootstrap = kafka_script("start", env)
+    result: dict[str, Any] = {"machine": machine(), "runs": runs, "threads": threads,
+                              "nvsentinel_published": NVSENTINEL}
+    try:
+        if "kubernetes" in backends:
+            result.update(_kubernetes(env, state, bootstrap, nodes=nodes, sizes=sizes, runs=runs, threads=threads,
+                                      say=say, keep_running=keep_running))
+        if "slurm" in backends:
+            result["slurm"] = burst_slurm.run(sizes=sizes, runs=runs, threads=threads, env=dict(os.environ),
+                                              bootstrap=bootstrap, say=say)
+    finally:
+        if not keep_running:
+            kafka_script("stop", env)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    if "bursts" in result:
+        say(table(result))
+    if "slurm" in result:
+        say(burst_slurm.table(result["slurm"]))
+    return result
+
+
+def _kubernetes(env: dict[str, str], state: Path, bootstrap: str, *, nodes: int, sizes: tuple[int, ...], runs: int,
+                threads: int, say: Say, keep_running: bool) -> dict[str, Any]:
+    """The Kubernetes half: its own control plane, ``nodes`` Node objects, the bursts."""
     say(f"bench-burst: a fresh control plane in {state} (deploy/k8s.sh reset, start)")
     deploy_script(K8S_SH, "reset", env, progress=True)
     kubeconfig = deploy_script(K8S_SH, "start", env, timeout=3600, progress=True).removeprefix("KUBECONFIG=")
-    say("bench-burst: the embedded Kafka broker")
-    bootstrap = kafka_script("start", env)
     worker: WorkerProcess | None = None
     try:
         core = _clients(kubeconfig, threads)
@@ -313,8 +348,9 @@ def run(*, nodes: int = 10_000, sizes: tuple[int, ...] = SIZES, runs: int = 3, t
                             raw_s = raw_limit(core, raw_names, threads)
                             r["raw_seconds"], r["raw_limit_nodes_per_s"] = raw_s, size / raw_s
                         else:
-                            r.update(asyncio.run(_fleetmedic_burst(bootstrap, s, fm_names, watch,
-                                                                   timeout=max(120.0, size / 5))))
+                            r.update(asyncio.run(fleetmedic_burst(
+                                bootstrap, s, fm_names, watch, timeout=max(120.0, size / 5),
+                                explain=lambda missing: str([_state(watch.core.read_node(n)) for n in missing[:3]]))))
                     r["ratio"] = r["nodes_per_s"] / r["raw_limit_nodes_per_s"]
                     per_run.append(r)
                     say(f"  burst {size} run {rep + 1}/{runs}: fleetmedic {r['seconds']:.1f} s "
@@ -330,11 +366,9 @@ def run(*, nodes: int = 10_000, sizes: tuple[int, ...] = SIZES, runs: int = 3, t
                 summary["p50_s"], summary["p99_s"] = summary["verdict_to_cordon_p50_s"], summary["verdict_to_cordon_p99_s"]
                 summary["runs"] = per_run
                 by_size[str(size)] = summary
-        result = {
-            "machine": machine(),
-            "nodes_registered": nodes, "register_nodes_per_s": nodes / reg_s, "threads": threads, "runs": runs,
+        return {
+            "nodes_registered": nodes, "register_nodes_per_s": nodes / reg_s,
             "bursts": by_size,
-            "nvsentinel_published": NVSENTINEL,
             "method": "Xid 79 samples for every node of a burst written at once to telemetry.gpu; one worker "
                       "(backend kubernetes, admin credentials) detects, decides and carries out isolate, drain and "
                       "diagnose; a watch on the Nodes records when each is cordoned, tainted and conditioned. The "
@@ -346,12 +380,7 @@ def run(*, nodes: int = 10_000, sizes: tuple[int, ...] = SIZES, runs: int = 3, t
         if worker is not None:
             worker.stop()
         if not keep_running:
-            kafka_script("stop", env)
             deploy_script(K8S_SH, "stop", env, progress=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
-    say(table(result))
-    return result
 
 
 def table(r: dict[str, Any]) -> str:

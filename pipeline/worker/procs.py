@@ -120,6 +120,7 @@ def wait_ready(workers: Sequence[WorkerProcess], timeout: float = 120) -> None:
 
 KAFKA_SH = ROOT / "deploy" / "kafka.sh"
 K8S_SH = ROOT / "deploy" / "k8s.sh"
+SLURM_SH = ROOT / "deploy" / "slurm.sh"
 
 
 def deploy_script(script: Path, cmd: str, env: dict[str, str], *args: str, timeout: float = 300,

@@ -123,6 +123,9 @@ async def test_a_drain_blocked_by_a_disruption_budget_waits_as_data_and_holds_up
     await _plan(act, runner, [("drain", "node-0001"), ("diagnose", "node-0001")], "v-pdb", 1, "node-0001")
     for i in range(2, 12):
         await _plan(act, runner, [("isolate", f"node-{i:04d}")], f"v-{i}", i, f"node-{i:04d}")
+    runner.start_due(clock())  # the isolations first (containment before drains)
+    await _settle(runner)
+    assert not backend.calls.count(("drain", "node-0001"))
     runner.start_due(clock())
     await _settle(runner)
     # the others are done; the drain waits for its due time, its diagnose behind it
@@ -171,8 +174,9 @@ async def test_work_kept_in_a_table_resumes_where_it_stood_and_settled_work_is_n
     act, runner, reports = _setup(backend, clock)
     await _plan(act, runner, [("drain", "node-0001")], "v-pdb", 1, "node-0001")
     await _plan(act, runner, [("isolate", "node-0002")], "v-2", 2, "node-0002")
-    runner.start_due(clock())
-    await _settle(runner)
+    for _ in range(2):  # the isolation, then the drain
+        runner.start_due(clock())
+        await _settle(runner)
     table = {w.key: got.to_dict() for w, got in reports if isinstance(got, Work)}  # what the worker keeps
     for w, got in reports:
         if isinstance(got, ActionRecord):
@@ -300,3 +304,33 @@ async def test_the_breaker_takes_its_window_from_the_table_after_a_recovery_befo
     assert second.check("st-2", 40, T0 + 1).allowed
     assert not second.check("st-3", 40, T0 + 2).allowed  # the cap of 3 holds across the restart
     assert w2.sync() is False  # its own write is not a recovery
+
+
+async def test_while_an_isolation_runs_no_drain_or_diagnosis_starts_but_one_waiting_to_retry_holds_none() -> None:
+    from dataclasses import replace
+
+    backend, clock = GatedBackend(), Clock()
+    act, runner, _ = _setup(backend, clock)  # room for 64: it is not room that holds them back
+    await _plan(act, runner, [("isolate", "node-0001")], "v-1", 1, "node-0001")
+    await _plan(act, runner, [("drain", "node-0002"), ("diagnose", "node-0002")], "v-2", 2, "node-0002")
+    await _plan(act, runner, [("requeue", "ns/train")], "v-job", 3, "ns/train")
+    assert runner.start_due(clock()) == 2  # the isolation and the job's move, not the drain
+    await _settle_started()
+    assert sorted(backend.calls) == [("isolate", "node-0001"), ("requeue", "ns/train")]
+    backend.gate.set()
+    await _settle(runner)
+    runner.start_due(clock())
+    await _settle(runner)
+    assert ("drain", "node-0002") in backend.calls  # contained: the rest follows
+    # an isolation waiting for its next try (a backoff) holds nothing up
+    await _plan(act, runner, [("isolate", "node-0003")], "v-3", 4, "node-0003")
+    q = runner.queues["node-0003"]
+    q[0] = replace(q[0], due=clock() + 30.0)
+    runner.start_due(clock())
+    await _settle(runner)
+    assert ("diagnose", "node-0002") in backend.calls and ("isolate", "node-0003") not in backend.calls
+
+
+async def _settle_started() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
