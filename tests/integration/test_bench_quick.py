@@ -44,8 +44,9 @@ def test_quick_bench_measures_every_figure(kafka_bootstrap, tmp_path):
 
 
 def test_quick_burst_bench_isolates_every_node_on_the_real_api_server(tmp_path):
-    """``make bench-burst`` in small: its own control plane and broker, 600 nodes, bursts of
-    20 and 50, three runs each; every node of every burst is seen isolated by the watch."""
+    """``make bench-burst`` in small: its own control plane, Slurm controller and broker,
+    600 nodes, bursts of 20 and 50, three runs each; every node of every burst is seen
+    isolated by the watch on Kubernetes and drained on Slurm."""
     out = tmp_path / "burst.json"
     res = subprocess.run([sys.executable, "-m", "pipeline", "bench-burst", "--quick", "--out", str(out)], cwd=ROOT,
                          capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL,
@@ -63,3 +64,16 @@ def test_quick_burst_bench_isolates_every_node_on_the_real_api_server(tmp_path):
         assert 0 < b["p50_s"] <= b["p99_s"], size
     assert r["nodes_registered"] == 600 and r["nvsentinel_published"]["burst"] == 1000
     assert "| burst |" in res.stderr
+    # the same bursts drained on a Slurm controller of its own
+    sl = r["slurm"]
+    assert set(sl["bursts"]) == {"20", "50"} and sl["bench_nodes"] == 2 * 3 * (20 + 50)
+    for size, b in sl["bursts"].items():
+        assert len(b["runs"]) == 3
+        for run in b["runs"]:
+            assert run["verdicts_seen"] == int(size)
+            assert min(run[k] for k in ("raw_limit_nodes_per_s", "raw_hostlist_nodes_per_s",
+                                        "raw_per_node_nodes_per_s")) > 0
+        for key in ("seconds", "nodes_per_s", "raw_limit_nodes_per_s", "ratio"):
+            assert b[f"{key}_min"] <= b[key] <= b[f"{key}_max"], (size, key)
+        assert 0 < b["p50_s"] <= b["p99_s"], size
+    assert "| Slurm burst |" in res.stderr
