@@ -62,9 +62,7 @@ def _logging(level: str) -> None:
 def cmd_worker(args: argparse.Namespace) -> int:
     s = _settings(args)
     _logging(s.worker.log_level)
-    from faust.worker import Worker
-
-    from pipeline.worker.app import create_app
+    from pipeline.worker.app import create_app, faust_worker
     from pipeline.worker.topics import ensure_topics
 
     created = asyncio.run(ensure_topics(s))
@@ -74,8 +72,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if s.safety.fleet_size == 0:
         logging.getLogger("fleetmedic").warning(
             "safety.fleet_size is 0: the circuit breaker's share is taken of the nodes seen so far")
-    worker = Worker(app, loglevel=s.worker.log_level, quiet=True, redirect_stdouts=False)
-    worker.execute_from_commandline()
+    faust_worker(app, s.worker.log_level).execute_from_commandline()
     return 0
 
 
