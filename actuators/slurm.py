@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from schemas import ActionName, Outcome
 
-from .base import ActionRequest, ActionResult, PermanentError, TemporaryError
+from .base import ActionRequest, ActionResult, ActuatorError, PermanentError, TemporaryError
 from .batch import Coalescer
 from .slurm_text import JOB_PREFIX, expand_hostlist, job_attempt, parse_oneliner
 
@@ -71,6 +71,9 @@ class SlurmBackend:
     """Acts on a Slurm cluster through its command-line tools."""
 
     name = "slurm"
+
+    #: seconds between two looks at a diagnostics job that has not started yet
+    DIAG_POLL_S = 0.5
 
     def __init__(
         self,
@@ -307,13 +310,24 @@ class SlurmBackend:
                 "Flags=MAINT,IGNORE_JOBS",
             )
         info = await self.show_node(node)
-        if self._states(info) & {"DRAIN", "DRAINED", "DRAINING"}:
+        resumed = bool(self._states(info) & {"DRAIN", "DRAINED", "DRAINING"})
+        if resumed:
             await self.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
-        out = await self.run(
-            "sbatch", "--parsable", f"--job-name={name}", f"--reservation={resv}", f"--nodelist={node}",
-            "--nodes=1", "--exclusive", f"--time={self.diag_time_limit}", f"--comment=diagnostics_for={node}",
-            "--no-requeue", "--output=/dev/null", f"--wrap={self.diag_command}",
-        )
+        # the node's own partitions: without one, sbatch uses the default partition, and a
+        # node outside it fails with "Requested node configuration is not available"
+        partitions = [f"--partition={info['Partitions']}"] if info.get("Partitions") else []
+        try:
+            out = await self.run(
+                "sbatch", "--parsable", f"--job-name={name}", f"--reservation={resv}", f"--nodelist={node}",
+                *partitions, "--nodes=1", "--exclusive", f"--time={self.diag_time_limit}",
+                f"--comment=diagnostics_for={node}", "--no-requeue", "--output=/dev/null",
+                f"--wrap={self.diag_command}",
+            )
+        except ActuatorError:
+            if resumed:  # never leave a node that fleetmedic drained open after a failed submission
+                await self.run("scontrol", "update", f"NodeName={node}", "State=DRAIN",
+                               f"Reason={REASON_PREFIX} {req.verdict_id}: diagnostics could not be submitted")
+            raise
         diag = out.out.strip().split(";")[0]
         # Once the diagnostics job runs, drain the node again: the running job carries on,
         # and the node stays out of the pool (and shows as drained) until it is returned.
@@ -323,7 +337,7 @@ class SlurmBackend:
             if info.get("JobState") != "PENDING":
                 started = True
                 break
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(self.DIAG_POLL_S)
         reason = f"{REASON_PREFIX} {req.verdict_id}: diagnostics (job {diag})"
         if started:
             await self.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")

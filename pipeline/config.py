@@ -241,6 +241,11 @@ class ActuatorSettings(_Section):
     )
     slurm_conf: str | None = Field(None, description="SLURM_CONF for scontrol/sbatch (default: the environment's)")
     slurm_diag_command: str = Field("dcgmi diag -r 2", description="command of Slurm diagnostics jobs")
+    slurm_diag_start_wait_s: float = Field(
+        15.0, ge=0.0, le=300.0,
+        description="how long a Slurm diagnostics action waits for its job to start (then it drains the node "
+                    "again around the running job); a job still pending is left to the maintenance reservation",
+    )
     sim_url: str = Field("http://127.0.0.1:7070", description="simulated cluster API")
     kubeconfig: str | None = Field(None, description="kubeconfig file (default: in-cluster service account, else ~/.kube/config)")
     kube_context: str | None = None

@@ -9,7 +9,8 @@
    Xid 79 sample for every node of the burst written to ``telemetry.gpu`` at once. One
    worker (backend ``slurm``, the breaker configured to allow the burst) detects,
    decides and carries out each verdict as in production: the drain, then diagnostics.
-   ``sinfo`` polled every 0.1 s records when each node shows drained; ``seconds`` runs
+   ``sinfo`` polled every 0.1 s records when each node shows drained (or already in
+   the maintenance reservation of its diagnostics, see :class:`DrainWatch`); ``seconds`` runs
    from the first sample sent to the last node drained, ``verdict_to_drain`` from each
    node's verdict on the ``verdicts`` topic to its drain.
 3. **The raw limits**, on as many other nodes, with nothing else in the way:
@@ -49,7 +50,10 @@ def bench_nodes(count: int) -> list[str]:
 
 class DrainWatch:
     """``sinfo`` of the bench partition every ``every`` seconds: the first wall time each
-    node shows drained (or draining)."""
+    node shows drained (or draining), or in maintenance. Diagnostics follow a drain at
+    once when nothing else is left to isolate: they move the node from DRAIN into the
+    maintenance reservation of their job, which can be sooner than the next poll. Such a
+    node counts when it is first seen there, never before its drain."""
 
     def __init__(self, env: dict[str, str], every: float = 0.1) -> None:
         self.env, self.every = env, every
@@ -59,7 +63,7 @@ class DrainWatch:
         self._thread = threading.Thread(target=self._run, daemon=True, name="drain-watch")
 
     def poll(self) -> None:
-        res = subprocess.run(["sinfo", "-h", "-N", "-p", PARTITION, "-t", "drain,drng", "-o", "%N"], env=self.env,
+        res = subprocess.run(["sinfo", "-h", "-N", "-p", PARTITION, "-t", "drain,drng,maint", "-o", "%N"], env=self.env,
                              capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
         now = time.time()
         if res.returncode != 0:
@@ -137,6 +141,8 @@ def run(*, sizes: tuple[int, ...], runs: int, threads: int, env: dict[str, str],
                 "FLEETMEDIC_KAFKA__APP_ID": app, "FLEETMEDIC_WORKER__LOG_LEVEL": "warning",
                 "FLEETMEDIC_ACTUATORS__BACKEND": "slurm", "FLEETMEDIC_ACTUATORS__SLURM_CONF": conf,
                 "FLEETMEDIC_ACTUATORS__SLURM_DIAG_COMMAND": "true",
+                # bench nodes have no slurmd: their diagnostics jobs never start, waiting is moot
+                "FLEETMEDIC_ACTUATORS__SLURM_DIAG_START_WAIT_S": "0",
                 "FLEETMEDIC_SAFETY__FLEET_SIZE": str(need), "FLEETMEDIC_SAFETY__MAX_FRACTION": "1.0",
                 "FLEETMEDIC_SAFETY__MAX_ABSOLUTE": str(need)}
         s = load_settings(environ=wenv)

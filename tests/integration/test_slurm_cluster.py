@@ -101,7 +101,7 @@ def test_drain_with_reason_shows_in_sinfo_and_resume_brings_node_back(slurm_conf
         sh(slurm_conf, "scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
         reasons = sh(slurm_conf, "sinfo", "-R", "-h", "-o", "%N|%E")
         assert f"{node}|{reason}" in reasons.splitlines(), reasons
-        assert node_states(slurm_conf)[node] in ("drain", "drng"), node_states(slurm_conf)
+        assert node_states(slurm_conf)[node].rstrip("*") in ("drain", "drng"), node_states(slurm_conf)
         shown = json.loads(sh(slurm_conf, "sinfo", "--json"))["nodes"]
         entry = next(n for n in shown if n["name"] == node)
         assert entry["reason"] == reason and "DRAIN" in entry["state_flags"], entry
@@ -187,3 +187,78 @@ def test_drains_that_arrive_together_are_made_in_one_batch_each_with_its_own_rea
         sh(slurm_conf, "scontrol", "update", f"NodeName={','.join((*ours, person))}", "State=RESUME", check=False)
     for n in (*ours, person):
         wait_for(f"{n} idle again", lambda n=n: node_states(slurm_conf)[n] == "idle", timeout=30)
+
+
+def _diagnose(conf: str, node: str, tag: str, **backend_args: object) -> object:
+    """The Slurm backend's diagnostics action on ``node``, against the real controller;
+    its result or the error it raised."""
+    import asyncio
+
+    from actuators.base import ActionRequest
+    from actuators.slurm import SlurmBackend
+    from schemas import ActionName
+
+    backend = SlurmBackend(slurm_conf=conf, diag_command="true", diag_start_polls=20, **backend_args)  # type: ignore[arg-type]
+    req = ActionRequest(verdict_id=f"v-{tag}", action=ActionName.diagnose, target=node, reason="gpu_hardware")
+
+    async def go() -> object:
+        try:
+            return await backend.apply(req)
+        except Exception as exc:  # the test looks at it
+            return exc
+
+    return asyncio.run(go())
+
+
+def _release(conf: str, node: str) -> None:
+    for line in sh(conf, "squeue", "-h", "-w", node, "-o", "%i").split():
+        sh(conf, "scancel", line, check=False)
+    sh(conf, "scontrol", "delete", f"ReservationName=fleetmedic-diag-{node}", check=False)
+    sh(conf, "scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+    wait_for(f"{node} idle again", lambda: node_states(conf)[node] == "idle", timeout=60)
+
+
+def test_a_diagnostics_job_that_cannot_be_submitted_leaves_the_node_drained(slurm_conf: str) -> None:
+    """The backend resumes a drained node into a maintenance reservation to submit its
+    diagnostics job there. When the controller refuses the job (here a time limit it
+    cannot parse: sbatch's own error), the node is drained again, not left open."""
+    from actuators.base import ActuatorError
+
+    node, tag = nodes(slurm_conf)[3], uuid.uuid4().hex[:6]
+    wait_for(f"{node} idle", lambda: node_states(slurm_conf)[node] == "idle", timeout=30)
+    sh(slurm_conf, "scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason=fleetmedic v-{tag}: xid 79")
+    try:
+        got = _diagnose(slurm_conf, node, tag, diag_time_limit="not-a-time")
+        assert isinstance(got, ActuatorError) and "sbatch" in str(got), got
+        assert node_states(slurm_conf)[node].rstrip("*") in ("drain", "drng"), node_states(slurm_conf)
+        reason = sh(slurm_conf, "sinfo", "-R", "-h", "-n", node, "-o", "%E").strip()
+        assert reason == f"fleetmedic v-{tag}: diagnostics could not be submitted", reason
+    finally:
+        _release(slurm_conf, node)
+
+
+def test_diagnostics_run_on_a_node_outside_the_default_partition(slurm_conf: str) -> None:
+    """A node that is only in a partition other than the default one: the diagnostics job
+    is submitted to the node's own partition (sbatch without one uses the default, and the
+    controller answers "Requested node configuration is not available")."""
+    from schemas import Outcome
+
+    all_nodes = nodes(slurm_conf)
+    node, tag = all_nodes[3], uuid.uuid4().hex[:6]
+    part = f"diag{tag}"
+    gpu = sh(slurm_conf, "scontrol", "show", "partition", "-o").split("PartitionName=")[1].split()[0]
+    wait_for(f"{node} idle", lambda: node_states(slurm_conf)[node] == "idle", timeout=30)
+    sh(slurm_conf, "scontrol", "update", f"PartitionName={gpu}", f"Nodes={','.join(all_nodes[:3])}")
+    sh(slurm_conf, "scontrol", "create", f"PartitionName={part}", f"Nodes={node}", "Default=NO", "State=UP")
+    try:
+        sh(slurm_conf, "scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason=fleetmedic v-{tag}: xid 79")
+        got = _diagnose(slurm_conf, node, tag)
+        assert getattr(got, "outcome", None) is Outcome.applied, got
+        jid = sh(slurm_conf, "squeue", "-h", "-t", "all", "-n", f"fleetmedic-diag-{node}-v-{tag}", "-o", "%i").split()
+        assert jid, "no diagnostics job"
+        info = job(slurm_conf, jid[0])
+        assert info["Partition"] == part and info["Comment"] == f"diagnostics_for={node}", info
+    finally:
+        _release(slurm_conf, node)
+        sh(slurm_conf, "scontrol", "delete", f"PartitionName={part}", check=False)
+        sh(slurm_conf, "scontrol", "update", f"PartitionName={gpu}", "Nodes=ALL", check=False)
