@@ -52,8 +52,9 @@ class DrainWatch:
     """``sinfo`` of the bench partition every ``every`` seconds: the first wall time each
     node shows drained (or draining), or in maintenance. Diagnostics follow a drain at
     once when nothing else is left to isolate: they move the node from DRAIN into the
-    maintenance reservation of their job, which can be sooner than the next poll. Such a
-    node counts when it is first seen there, never before its drain."""
+    maintenance reservation of their job, which can be sooner than the next poll, and the
+    controller shows it in maintenance a few seconds later. Such a node counts when it is
+    first seen there: later than its drain, never sooner."""
 
     def __init__(self, env: dict[str, str], every: float = 0.1) -> None:
         self.env, self.every = env, every
