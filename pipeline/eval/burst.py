@@ -15,10 +15,17 @@
    the worker finishes the burst's drains and diagnostics, and the diagnostics Jobs are
    deleted (with no kubelet their pods stay pending, and the scheduler's passes over
    10,000 nodes for them took the cores from whichever side ran next).
-3. **The raw limit.** On as many other nodes, the same writes that make a node done (the
-   spec patch with the cordon and the taint, the status patch with the condition) from
-   the same client library, in ``threads`` parallel threads, with nothing else in the
-   way. ``ratio`` is fleetmedic's nodes per second over the raw limit's.
+3. **The raw limits.** On as many other nodes, split in two halves (which half goes first
+   alternates), from the same client library, in ``threads`` parallel threads, with
+   nothing else in the way:
+
+   - ``raw_limit``: the two writes that make a node done (the spec patch with the cordon
+     and the taint, the status patch with the condition). ``ratio`` is fleetmedic's nodes
+     per second over this one's.
+   - ``raw_same_calls``: the four calls that fleetmedic's backend makes per isolation
+     (read the node, the conditional spec patch that keeps the node's other taints, the
+     status patch, an Event). ``ratio_same_calls`` is fleetmedic over this one: what the
+     pipeline adds, apart from what an isolation costs the API server.
 
 Every figure is the median of the runs, with its minimum and maximum. NVIDIA NVSentinel
 publishes 61 to 73 nodes/s for a burst of 1,000 (16.3 s); it is quoted beside ours, not
@@ -197,6 +204,56 @@ def raw_limit(core: Any, names: list[str], threads: int) -> float:
     return time.perf_counter() - t0
 
 
+def raw_same_calls(core: Any, names: list[str], threads: int) -> float:
+    """Seconds for ``threads`` threads to isolate ``names`` with the calls that the
+    Kubernetes backend makes per isolation: read the node; one spec patch, conditional on
+    the resourceVersion read, with the cordon, the annotations and the taint list re-sent
+    whole; the status patch with the condition; an Event on the node. Written here with the
+    client library alone, not with the backend's code."""
+    import kubernetes.client
+
+    def one(name: str) -> None:
+        node = core.read_node(name)
+        taints = [{"key": t.key, "value": t.value, "effect": t.effect} for t in (node.spec.taints or [])]
+        core.patch_node(name, {
+            "metadata": {"resourceVersion": node.metadata.resource_version,
+                         "annotations": {"fleetmedic.bench/verdict": "raw", "fleetmedic.bench/cordoned": "true"}},
+            "spec": {"unschedulable": True,
+                     "taints": [*taints, {"key": TAINT_KEY, "value": "gpu_hardware", "effect": "NoSchedule"}]}},
+            _preload_content=False)
+        core.patch_node_status(name, {"status": {"conditions": [
+            {"type": CONDITION, "status": "True", "reason": "BenchRaw", "message": "raw limit, same calls",
+             "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}]}}, _preload_content=False)
+        now = datetime.now(timezone.utc).replace(microsecond=0)
+        core.create_namespaced_event("default", kubernetes.client.CoreV1Event(
+            metadata=kubernetes.client.V1ObjectMeta(name=f"{name}.raw-{uuid.uuid4().hex[:12]}"),
+            involved_object=kubernetes.client.V1ObjectReference(api_version="v1", kind="Node", name=name,
+                                                                uid=node.metadata.uid),
+            reason="BenchRawIsolate", message="raw limit, same calls", type="Warning",
+            source=kubernetes.client.V1EventSource(component="fleetmedic-bench"),
+            first_timestamp=now, last_timestamp=now, count=1), _preload_content=False)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, names))
+    return time.perf_counter() - t0
+
+
+def raw_limits(core: Any, names: list[str], threads: int, *, swap: bool = False) -> dict[str, float]:
+    """Both raw figures, each on half of ``names`` (``swap``: the same calls first)."""
+    half = len(names) // 2
+    two, four = (names[:half], names[half:]) if not swap else (names[half:], names[:half])
+    r: dict[str, float] = {}
+    for kind in (("two", "four") if not swap else ("four", "two")):
+        if kind == "two":
+            r["raw_seconds"] = raw_limit(core, two, threads)
+            r["raw_limit_nodes_per_s"] = len(two) / r["raw_seconds"]
+        else:
+            r["raw_same_calls_seconds"] = raw_same_calls(core, four, threads)
+            r["raw_same_calls_nodes_per_s"] = len(four) / r["raw_same_calls_seconds"]
+    return r
+
+
 async def fleetmedic_burst(bootstrap: str, s: Any, names: list[str], watch: Any, timeout: float, *,
                            done: str = "cordon", explain: Callable[[list[str]], str] | None = None) -> dict[str, Any]:
     """Write one Xid 79 sample per node at once; wait until ``watch`` (``done``: node name
@@ -273,8 +330,8 @@ def clear_diagnostics(core: Any, say: Say, namespace: str = "fleetmedic-diag", t
 
     batch = kubernetes.client.BatchV1Api(core.api_client)
     jobs = batch.list_namespaced_job(namespace).items
-    for job in jobs:
-        batch.delete_namespaced_job(job.metadata.name, namespace, propagation_policy="Background")
+    for name in [j.metadata.name for j in jobs if j.metadata and j.metadata.name]:
+        batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         left = len(core.list_namespaced_pod(namespace).items)
@@ -366,17 +423,19 @@ def _kubernetes(env: dict[str, str], state: Path, bootstrap: str, *, nodes: int,
                     r: dict[str, Any] = {}
                     for side in order:
                         if side == "raw":
-                            raw_s = raw_limit(core, raw_names, threads)
-                            r["raw_seconds"], r["raw_limit_nodes_per_s"] = raw_s, size / raw_s
+                            r.update(raw_limits(core, raw_names, threads, swap=rep % 2 == 1))
                         else:
                             r.update(asyncio.run(fleetmedic_burst(
                                 bootstrap, s, fm_names, watch, timeout=max(120.0, size / 5),
                                 explain=lambda missing: str([_state(watch.core.read_node(n)) for n in missing[:3]]))))
                     r["ratio"] = r["nodes_per_s"] / r["raw_limit_nodes_per_s"]
+                    r["ratio_same_calls"] = r["nodes_per_s"] / r["raw_same_calls_nodes_per_s"]
                     per_run.append(r)
                     say(f"  burst {size} run {rep + 1}/{runs}: fleetmedic {r['seconds']:.1f} s "
-                        f"({r['nodes_per_s']:.0f} nodes/s), raw limit {r['raw_limit_nodes_per_s']:.0f} nodes/s, "
-                        f"ratio {r['ratio']:.2f}, verdict to cordon p50 {r['verdict_to_cordon_p50_s']:.2f} s "
+                        f"({r['nodes_per_s']:.0f} nodes/s), raw limit {r['raw_limit_nodes_per_s']:.0f} nodes/s "
+                        f"(ratio {r['ratio']:.2f}), raw with the same calls {r['raw_same_calls_nodes_per_s']:.0f} "
+                        f"nodes/s (ratio {r['ratio_same_calls']:.2f}), verdict to cordon p50 "
+                        f"{r['verdict_to_cordon_p50_s']:.2f} s "
                         f"p99 {r['verdict_to_cordon_p99_s']:.2f} s")
                     # the drains and diagnostics of this burst settle before the next run
                     settle(worker, 300.0)
@@ -384,8 +443,9 @@ def _kubernetes(env: dict[str, str], state: Path, bootstrap: str, *, nodes: int,
                     # busy on the same cores, against whichever side runs next
                     clear_diagnostics(core, say)
                 summary: dict[str, Any] = {}
-                for key in ("seconds", "nodes_per_s", "raw_limit_nodes_per_s", "ratio", "verdict_to_cordon_p50_s",
-                            "verdict_to_cordon_p99_s", "fault_to_done_p50_s"):
+                for key in ("seconds", "nodes_per_s", "raw_limit_nodes_per_s", "ratio", "raw_same_calls_nodes_per_s",
+                            "ratio_same_calls", "verdict_to_cordon_p50_s", "verdict_to_cordon_p99_s",
+                            "fault_to_done_p50_s"):
                     summary.update(spread(key, [r[key] for r in per_run if r.get(key) is not None]))
                 summary["p50_s"], summary["p99_s"] = summary["verdict_to_cordon_p50_s"], summary["verdict_to_cordon_p99_s"]
                 summary["runs"] = per_run
@@ -395,9 +455,12 @@ def _kubernetes(env: dict[str, str], state: Path, bootstrap: str, *, nodes: int,
             "bursts": by_size,
             "method": "Xid 79 samples for every node of a burst written at once to telemetry.gpu; one worker "
                       "(backend kubernetes, admin credentials) detects, decides and carries out isolate, drain and "
-                      "diagnose; a watch on the Nodes records when each is cordoned, tainted and conditioned. The "
-                      "raw limit makes the same two writes per node (spec patch, status patch) from the same "
-                      "client library in the same number of threads. Medians of the runs, with min and max.",
+                      "diagnose; a watch on the Nodes records when each is cordoned, tainted and conditioned. On "
+                      "as many other nodes, half each, from the same client library in the same number of "
+                      "threads: raw_limit makes the two writes that make a node done (spec patch, status "
+                      "patch); raw_same_calls makes the four calls of the backend's isolation (read, "
+                      "conditional spec patch, status patch, Event). ratio and ratio_same_calls are "
+                      "fleetmedic's nodes/s over each. Medians of the runs, with min and max.",
             "watch_errors": watch.errors[:5],
         }
     finally:
@@ -408,12 +471,16 @@ def _kubernetes(env: dict[str, str], state: Path, bootstrap: str, *, nodes: int,
 
 
 def table(r: dict[str, Any]) -> str:
-    rows = ["| burst | seconds | nodes/s | raw limit nodes/s | ratio | verdict to cordon p50 | p99 |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = ["| burst | seconds | nodes/s | raw limit nodes/s | ratio | raw, same calls, nodes/s | ratio "
+            "| verdict to cordon p50 | p99 |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for size, b in r["bursts"].items():
         rows.append(f"| {size} | {b['seconds']:.1f} ({b['seconds_min']:.1f} to {b['seconds_max']:.1f}) "
                     f"| {b['nodes_per_s']:.0f} | {b['raw_limit_nodes_per_s']:.0f} "
                     f"| {b['ratio']:.2f} ({b['ratio_min']:.2f} to {b['ratio_max']:.2f}) "
+                    f"| {b['raw_same_calls_nodes_per_s']:.0f} "
+                    f"| {b['ratio_same_calls']:.2f} ({b['ratio_same_calls_min']:.2f} to "
+                    f"{b['ratio_same_calls_max']:.2f}) "
                     f"| {b['p50_s']:.2f} s | {b['p99_s']:.2f} s |")
     ns = r["nvsentinel_published"]
     rows.append(f"\nNVSentinel (published, not measured here): {ns['burst']} nodes in {ns['seconds']} s, "

@@ -58,8 +58,9 @@ def test_quick_burst_bench_isolates_every_node_on_the_real_api_server(tmp_path):
         assert len(b["runs"]) == 3
         for run in b["runs"]:
             assert run["verdicts_seen"] == int(size)  # every node's verdict, each node seen done
-            assert 0 < run["seconds"] and 0 < run["raw_seconds"]
-        for key in ("seconds", "nodes_per_s", "raw_limit_nodes_per_s", "ratio"):
+            assert 0 < run["seconds"] and 0 < run["raw_seconds"] and 0 < run["raw_same_calls_seconds"]
+        for key in ("seconds", "nodes_per_s", "raw_limit_nodes_per_s", "ratio", "raw_same_calls_nodes_per_s",
+                    "ratio_same_calls"):
             assert b[f"{key}_min"] <= b[key] <= b[f"{key}_max"], (size, key)
         assert 0 < b["p50_s"] <= b["p99_s"], size
     assert r["nodes_registered"] == 600 and r["nvsentinel_published"]["burst"] == 1000
