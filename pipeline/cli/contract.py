@@ -183,6 +183,10 @@ CLOCKS: list[tuple[str, str, tuple[str, ...], str]] = [
      "DeleteAfterTimeout pods are evicted once the drain has waited this long since its first try (a pod's "
      "fleetmedic.dev/drain-timeout-s overrides it); AllowCompletion pods are never evicted, the drain waits "
      "for them (up to actuators.drain_wait_s); Immediate pods (actuators.drain_mode's default) at once"),
+    ("a Slurm diagnostics job's start", "wall", ("actuators.slurm_diag_start_wait_s",),
+     "the diagnostics action looks at its job every 0.5 s for this long, inside the runner's task for that "
+     "node (never in the stream): once the job runs, the node is drained again around it; a job still "
+     "pending is left to the node's maintenance reservation"),
 ]
 
 #: what the job track does with each triage kind at the job's first failure, and later
