@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import shlex
 from collections.abc import Sequence
@@ -84,7 +85,7 @@ class SlurmBackend:
         diag_command: str = "dcgmi diag -r 2",
         diag_time_limit: str = "30:00",
         reservation_hours: int = 2,
-        diag_start_polls: int = 30,
+        diag_start_wait_s: float = 15.0,
         max_batch: int = 500,
     ) -> None:
         self.env = dict(os.environ)
@@ -95,7 +96,8 @@ class SlurmBackend:
         self.diag_command = diag_command
         self.diag_time_limit = diag_time_limit
         self.reservation_hours = reservation_hours
-        self.diag_start_polls = diag_start_polls
+        #: looks at a diagnostics job that has not started, DIAG_POLL_S apart
+        self.diag_start_polls = math.ceil(diag_start_wait_s / self.DIAG_POLL_S)
         self._drains: Coalescer[ActionRequest, ActionResult] = Coalescer(self._drain_many, max_batch=max_batch)
 
     def supports(self, action: ActionName) -> bool:
@@ -236,7 +238,7 @@ class SlurmBackend:
             res = await self.run("scontrol", stdin=lines, check=False)
             after = await self.show_nodes(sorted(todo))
             drained = [n for n, r in todo.items() if n in after and self._settled(r, after[n])]
-            await self._delete_reservations(drained)
+            await self.delete_reservations(drained)
             for i, r in enumerate(reqs):
                 if i in out or todo.get(r.target) is not r:
                     continue
@@ -251,7 +253,7 @@ class SlurmBackend:
                      sum(1 for o in out.values() if isinstance(o, ActionResult) and o.outcome is Outcome.already_so))
         return [out[i] for i in range(len(reqs))]
 
-    async def _delete_reservations(self, nodes: Sequence[str]) -> None:
+    async def delete_reservations(self, nodes: Sequence[str]) -> None:
         """Delete the diagnostics reservations of ``nodes`` that exist (one ``show``; a
         delete line per reservation found, in one process)."""
         if not nodes:

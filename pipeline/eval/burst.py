@@ -242,15 +242,12 @@ def raw_same_calls(core: Any, names: list[str], threads: int) -> float:
 def raw_limits(core: Any, names: list[str], threads: int, *, swap: bool = False) -> dict[str, float]:
     """Both raw figures, each on half of ``names`` (``swap``: the same calls first)."""
     half = len(names) // 2
-    two, four = (names[:half], names[half:]) if not swap else (names[half:], names[:half])
+    sides = [("raw_seconds", "raw_limit_nodes_per_s", raw_limit, names[:half]),
+             ("raw_same_calls_seconds", "raw_same_calls_nodes_per_s", raw_same_calls, names[half:])]
     r: dict[str, float] = {}
-    for kind in (("two", "four") if not swap else ("four", "two")):
-        if kind == "two":
-            r["raw_seconds"] = raw_limit(core, two, threads)
-            r["raw_limit_nodes_per_s"] = len(two) / r["raw_seconds"]
-        else:
-            r["raw_same_calls_seconds"] = raw_same_calls(core, four, threads)
-            r["raw_same_calls_nodes_per_s"] = len(four) / r["raw_same_calls_seconds"]
+    for seconds_key, rate_key, measure, part in reversed(sides) if swap else sides:
+        r[seconds_key] = measure(core, part, threads)
+        r[rate_key] = len(part) / r[seconds_key]
     return r
 
 

@@ -105,15 +105,13 @@ def _scontrol(env: dict[str, str], *argv: str, stdin: str | None = None) -> None
         raise RuntimeError(f"scontrol {' '.join(argv)[:100]} failed ({res.returncode}): {res.stderr.strip()[:500]}")
 
 
-def clear_diagnostics(env: dict[str, str]) -> None:
-    """Cancel the diagnostics jobs queued in the bench partition and delete their
-    maintenance reservations."""
+def clear_diagnostics(env: dict[str, str], nodes: list[str]) -> None:
+    """Cancel the diagnostics jobs queued in the bench partition and delete the
+    maintenance reservations of ``nodes`` (as the backend deletes them on a drain)."""
+    from actuators.slurm import SlurmBackend
+
     subprocess.run(["scancel", "-p", PARTITION], env=env, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
-    res = subprocess.run(["scontrol", "show", "reservation", "-o"], env=env, capture_output=True, text=True,
-                         timeout=120, stdin=subprocess.DEVNULL)
-    names = [w.removeprefix("ReservationName=") for w in res.stdout.split() if w.startswith("ReservationName=")]
-    if names:
-        _scontrol(env, stdin="".join(f"delete ReservationName={n}\n" for n in names))
+    asyncio.run(SlurmBackend(slurm_conf=env["SLURM_CONF"]).delete_reservations(nodes))
 
 
 def raw_limits(env: dict[str, str], names: list[str], threads: int) -> dict[str, float]:
@@ -189,7 +187,7 @@ def run(*, sizes: tuple[int, ...], runs: int, threads: int, env: dict[str, str],
                     settle(worker, 600.0)
                     # bench nodes run no slurmd: their diagnostics jobs would stay pending, and
                     # the controller's scheduler would pass over them against the next run
-                    clear_diagnostics(cenv)
+                    clear_diagnostics(cenv, fm_names)
                 summary: dict[str, Any] = {}
                 for key in ("seconds", "nodes_per_s", "raw_limit_nodes_per_s", "raw_hostlist_nodes_per_s",
                             "raw_per_node_nodes_per_s", "ratio", "verdict_to_drain_p50_s", "verdict_to_drain_p99_s",

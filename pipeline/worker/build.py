@@ -3,7 +3,6 @@ actuator backends, the escalation notifier, sign-in and the alert dispatcher."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ def _backend(name: str, s: Settings):
         from actuators.slurm import SlurmBackend
 
         return SlurmBackend(slurm_conf=a.slurm_conf, diag_command=a.slurm_diag_command,
-                            diag_start_polls=math.ceil(a.slurm_diag_start_wait_s / SlurmBackend.DIAG_POLL_S))
+                            diag_start_wait_s=a.slurm_diag_start_wait_s)
     return DryRunBackend()
 
 

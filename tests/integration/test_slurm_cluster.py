@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from actuators.slurm import parse_oneliner
+
 from .slurm_helpers import job, sh, wait_for
 
 pytestmark = pytest.mark.integration
@@ -101,7 +103,7 @@ def test_drain_with_reason_shows_in_sinfo_and_resume_brings_node_back(slurm_conf
         sh(slurm_conf, "scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
         reasons = sh(slurm_conf, "sinfo", "-R", "-h", "-o", "%N|%E")
         assert f"{node}|{reason}" in reasons.splitlines(), reasons
-        assert node_states(slurm_conf)[node].rstrip("*") in ("drain", "drng"), node_states(slurm_conf)
+        assert node_states(slurm_conf)[node] in ("drain", "drng"), node_states(slurm_conf)
         shown = json.loads(sh(slurm_conf, "sinfo", "--json"))["nodes"]
         entry = next(n for n in shown if n["name"] == node)
         assert entry["reason"] == reason and "DRAIN" in entry["state_flags"], entry
@@ -189,7 +191,7 @@ def test_drains_that_arrive_together_are_made_in_one_batch_each_with_its_own_rea
         wait_for(f"{n} idle again", lambda n=n: node_states(slurm_conf)[n] == "idle", timeout=30)
 
 
-def _diagnose(conf: str, node: str, tag: str, **backend_args: object) -> object:
+def _diagnose(conf: str, node: str, tag: str, diag_time_limit: str = "30:00") -> object:
     """The Slurm backend's diagnostics action on ``node``, against the real controller;
     its result or the error it raised."""
     import asyncio
@@ -198,7 +200,8 @@ def _diagnose(conf: str, node: str, tag: str, **backend_args: object) -> object:
     from actuators.slurm import SlurmBackend
     from schemas import ActionName
 
-    backend = SlurmBackend(slurm_conf=conf, diag_command="true", diag_start_polls=20, **backend_args)  # type: ignore[arg-type]
+    backend = SlurmBackend(slurm_conf=conf, diag_command="true", diag_start_wait_s=10.0,
+                           diag_time_limit=diag_time_limit)
     req = ActionRequest(verdict_id=f"v-{tag}", action=ActionName.diagnose, target=node, reason="gpu_hardware")
 
     async def go() -> object:
@@ -246,7 +249,8 @@ def test_diagnostics_run_on_a_node_outside_the_default_partition(slurm_conf: str
     all_nodes = nodes(slurm_conf)
     node, tag = all_nodes[3], uuid.uuid4().hex[:6]
     part = f"diag{tag}"
-    gpu = sh(slurm_conf, "scontrol", "show", "partition", "-o").split("PartitionName=")[1].split()[0]
+    first = parse_oneliner(sh(slurm_conf, "scontrol", "show", "partition", "-o").splitlines()[0])
+    gpu, gpu_nodes = first["PartitionName"], first["Nodes"]
     wait_for(f"{node} idle", lambda: node_states(slurm_conf)[node] == "idle", timeout=30)
     sh(slurm_conf, "scontrol", "update", f"PartitionName={gpu}", f"Nodes={','.join(all_nodes[:3])}")
     sh(slurm_conf, "scontrol", "create", f"PartitionName={part}", f"Nodes={node}", "Default=NO", "State=UP")
@@ -261,4 +265,4 @@ def test_diagnostics_run_on_a_node_outside_the_default_partition(slurm_conf: str
     finally:
         _release(slurm_conf, node)
         sh(slurm_conf, "scontrol", "delete", f"PartitionName={part}", check=False)
-        sh(slurm_conf, "scontrol", "update", f"PartitionName={gpu}", "Nodes=ALL", check=False)
+        sh(slurm_conf, "scontrol", "update", f"PartitionName={gpu}", f"Nodes={gpu_nodes}", check=False)
