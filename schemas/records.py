@@ -62,6 +62,9 @@ class ActionName(str, Enum):
     restart = "restart"
     requeue = "requeue"
     stop = "stop"
+    #: ask the job to save its state now (checkpoint-now): a Kubernetes annotation, a
+    #: Slurm signal; the job answers with a ``checkpoint`` record on ``telemetry.job``
+    checkpoint = "checkpoint"
     # node actions
     isolate = "isolate"
     drain = "drain"
@@ -70,7 +73,9 @@ class ActionName(str, Enum):
     escalate = "escalate"
 
 
-JOB_ACTIONS = frozenset({ActionName.retry, ActionName.restart, ActionName.requeue, ActionName.stop})
+JOB_ACTIONS = frozenset(
+    {ActionName.retry, ActionName.restart, ActionName.requeue, ActionName.stop, ActionName.checkpoint}
+)
 NODE_ACTIONS = frozenset(
     {ActionName.isolate, ActionName.drain, ActionName.diagnose, ActionName.return_, ActionName.escalate}
 )
@@ -354,6 +359,8 @@ class JobEventKind(str, Enum):
     started = "started"
     progress = "progress"
     checkpoint = "checkpoint"
+    #: fleetmedic asked the job to save its state by ``checkpoint_deadline`` (checkpoint-now)
+    checkpoint_requested = "checkpoint_requested"
     failed = "failed"
     completed = "completed"
 
@@ -377,6 +384,11 @@ class JobEvent(Record):
         None, description="mean GPU power per node, W, for peer comparison"
     )
     checkpoint_step: int | None = Field(None, ge=0, le=MAX_COUNTER)
+    checkpoint_deadline: float | None = Field(
+        None, ge=0.0, le=32503680000.0,
+        description="checkpoint_requested: Unix seconds by which the job should have saved its state; after it "
+                    "fleetmedic moves the job from its last checkpoint",
+    )
     exit_code: int | None = Field(None, ge=-255, le=255)
     reason: str | None = Field(None, max_length=MAX_TEXT)
     log_tail: str | None = Field(None, max_length=MAX_TEXT)
