@@ -31,6 +31,13 @@ class TemporaryError(ActuatorError):
         self.delay = delay
 
 
+class Waiting(TemporaryError):
+    """The action is under way at its backend: a controller has still to act (a suspended
+    job's pods to stop, Kueue to evict a workload).  Tried again after ``delay`` for as long
+    as the actuation waits on its backends (``actuators.drain_wait_s``), however many tries
+    that takes, and reported as failed only then."""
+
+
 class PermanentError(ActuatorError):
     """The request can never succeed as asked (unknown target, forbidden, invalid)."""
 

@@ -13,11 +13,21 @@ Node actions
     ``return``   remove our taint, uncordon when we cordoned, condition ``False``.
     ``escalate`` annotate the node and emit a Warning Event for a human.
 
-Job actions (target ``"<namespace>/<name>"`` or ``"<name>"`` in the job namespace)
-    ``requeue``  delete the workload's failed pods and its pods on excluded nodes, so that
-                 its controller recreates them elsewhere.
-    ``retry`` / ``restart``  delete the workload's failed pods (same placement allowed).
-    ``stop``     suspend the batch Job.
+Job actions (target ``"<namespace>/<name>"`` or ``"<name>"`` in the job namespace).  The
+workload is found by walking its pods' controller ownerReferences to the top owner
+(:mod:`actuators.k8s_workloads`); each kind is requeued in its controller's own terms:
+    ``requeue``  a batch Job: delete its failed pods and its pods on excluded nodes, so
+                 that the Job controller recreates them elsewhere.  A PyTorchJob: exclude
+                 the nodes by node affinity on every replica template, suspend it (the
+                 training operator stops its pods), resume it.  A job admitted by Kueue:
+                 deactivate its Workload (Kueue suspends the job), exclude the nodes on its
+                 templates, activate it again (Kueue admits it anew).  Any other owner kind:
+                 ``failed``, with the kind named, and nothing changed.
+    ``retry`` / ``restart``  the same without excluding nodes (a batch Job: its failed
+                 pods deleted, same placement allowed).
+    ``stop``     suspend the batch Job or PyTorchJob; deactivate a Kueue Workload.
+    ``checkpoint``  annotate the job's live pods and its top owner with
+                 ``fleetmedic.io/checkpoint-requested: <deadline>`` (checkpoint-now).
 
 Every action that changes something also writes a Kubernetes Event (``Fleetmedic<Action>``)
 on the node, or on the batch Job for job actions, naming the verdict.
@@ -56,6 +66,7 @@ import urllib3
 from kubernetes.client import (
     BatchV1Api,
     CoreV1Api,
+    CustomObjectsApi,
     CoreV1Event,
     V1Container,
     V1DeleteOptions,
@@ -78,7 +89,8 @@ from kubernetes.client.exceptions import ApiException, ApiTypeError, ApiValueErr
 
 from schemas import ActionName, Outcome
 
-from .base import ActionRequest, ActionResult, ActuatorError, PermanentError, TemporaryError
+from . import k8s_workloads as wk
+from .base import ActionRequest, ActionResult, ActuatorError, PermanentError, TemporaryError, Waiting
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +102,13 @@ ANNOTATION_VERDICT = "fleetmedic.dev/verdict"
 ANNOTATION_CORDONED = "fleetmedic.dev/cordoned"
 #: annotation: id of the verdict that escalated the node
 ANNOTATION_ESCALATED = "fleetmedic.dev/escalated"
+#: annotation on a job's pods and its top owner asking it to save its state by the
+#: deadline it holds (RFC 3339, UTC): checkpoint-now, docs/checkpoint-now.md
+ANNOTATION_CHECKPOINT = "fleetmedic.io/checkpoint-requested"
+#: annotation on a requeued workload: ``<verdict id>:<phase>`` of its requeue
+ANNOTATION_REQUEUE = "fleetmedic.io/requeue"
+#: how soon a requeue waiting on a controller looks again (seconds)
+CONTROLLER_POLL_S = 1.0
 #: node condition type set while a node is quarantined
 CONDITION_QUARANTINE = "FleetmedicQuarantine"
 
@@ -302,6 +321,34 @@ class _NodeView:
     quarantined: bool
 
 
+@dataclass(frozen=True)
+class _Workload:
+    """A job's top owner as the API server serves it, and the pods found for it."""
+
+    kind: wk.Kind
+    namespace: str
+    name: str
+    obj: dict[str, Any]
+    pods: list[V1Pod]
+
+
+def _merge(*patches: dict[str, Any] | None) -> dict[str, Any]:
+    """JSON merge patches combined into one (later ones win on the same leaf)."""
+    out: dict[str, Any] = {}
+
+    def into(dst: dict[str, Any], src: dict[str, Any]) -> None:
+        for k, v in src.items():
+            if isinstance(v, dict) and isinstance(dst.get(k), dict):
+                into(dst[k], v)
+            else:
+                dst[k] = v
+
+    for p in patches:
+        if p:
+            into(out, p)
+    return out
+
+
 class KubernetesBackend:
     """Node and job actions against one Kubernetes cluster.
 
@@ -333,6 +380,7 @@ class KubernetesBackend:
         drain_mode: str = "Immediate",
         drain_timeout_s: float = 600.0,
         max_requests: int = 32,
+        custom: CustomObjectsApi | None = None,
     ) -> None:
         if max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {max_requests}")
@@ -347,6 +395,8 @@ class KubernetesBackend:
         self.drain_timeout_s = drain_timeout_s
         self.core = core
         self.batch = batch
+        #: reads and patches workloads of any kind (built-in groups as well) as JSON
+        self.custom = custom if custom is not None else CustomObjectsApi(core.api_client)
         #: namespace of the diagnostics Jobs
         self.namespace = namespace
         #: namespace of workloads named without one
@@ -914,7 +964,8 @@ class KubernetesBackend:
 
     # ------------------------------------------------------------------ job actions
 
-    async def _delete_pods(self, request: ActionRequest, exclude: frozenset[str]) -> ActionResult:
+    async def _delete_pods(self, request: ActionRequest, exclude: frozenset[str],
+                           listed: list[V1Pod] | None = None) -> ActionResult:
         """Delete a workload's failed pods and its live pods on ``exclude`` nodes.
 
         Observes the pods labelled ``<job label key>=<name>`` (``params["label_key"]``
@@ -924,16 +975,18 @@ class KubernetesBackend:
         never hit; a pod gone meanwhile counts as deleted.
         """
         namespace, name = self._job_ref(request.target)
-        key = str(request.params.get("label_key") or self.job_label_key)
-        pods = await self._call(
-            f"list pods of {namespace}/{name}",
-            self.core.list_namespaced_pod,
-            namespace,
-            label_selector=f"{key}={name}",
-        )
-        assert pods is not None
+        if listed is None:
+            key = str(request.params.get("label_key") or self.job_label_key)
+            pods = await self._call(
+                f"list pods of {namespace}/{name}",
+                self.core.list_namespaced_pod,
+                namespace,
+                label_selector=f"{key}={name}",
+            )
+            assert pods is not None
+            listed = list(pods.items or [])
         doomed: list[tuple[V1Pod, str]] = []
-        for pod in pods.items or []:
+        for pod in listed:
             if _is_terminating(pod) or _phase(pod) == "Succeeded":
                 continue
             node = pod.spec.node_name if pod.spec is not None else None
@@ -954,54 +1007,299 @@ class KubernetesBackend:
                 body=V1DeleteOptions(preconditions=V1Preconditions(uid=_meta(pod).uid)),
                 tolerate=(404,),
             )
-        listed = ", ".join(f"{_meta(pod).name} ({why})" for pod, why in doomed[:10])
+        names = ", ".join(f"{_meta(pod).name} ({why})" for pod, why in doomed[:10])
         more = f" and {len(doomed) - 10} more" if len(doomed) > 10 else ""
-        detail = f"job {namespace}/{name}: deleted {len(doomed)} pods: {listed}{more}"
+        detail = f"job {namespace}/{name}: deleted {len(doomed)} pods: {names}{more}"
         reason = "FleetmedicRequeue" if request.action is ActionName.requeue else "FleetmedicRetry"
         await self._job_event(namespace, name, request, reason, f"verdict {request.verdict_id}: {detail}")
         return ActionResult(Outcome.applied, detail)
 
-    async def requeue(self, request: ActionRequest) -> ActionResult:
-        """Move a workload off suspect nodes: delete its failed pods and its pods on
-        ``params["exclude"]`` so its controller recreates them; the excluded nodes are
-        kept off by the isolate action's taint."""
+    # ------------------------------------------------------------------ workloads
+
+    async def _get(self, kind: wk.Kind, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object as JSON, or None when it (or its kind) is not there."""
+        got = await self._call(
+            f"read {kind.kind} {namespace}/{name}", self.custom.get_namespaced_custom_object,
+            kind.group, kind.version, namespace, kind.plural, name, tolerate=(404,),
+        )
+        return cast("dict[str, Any] | None", got)
+
+    async def _patch(self, kind: wk.Kind, namespace: str, name: str, body: dict[str, Any]) -> None:
+        """A JSON merge patch (with ``metadata.resourceVersion`` it is conditional: 409)."""
+        await self._call(
+            f"patch {kind.kind} {namespace}/{name}", _unread(self.custom.patch_namespaced_custom_object),
+            kind.group, kind.version, namespace, kind.plural, name, body, field_manager=self.field_manager,
+        )
+
+    async def _pods_of(self, namespace: str, name: str, label_key: str | None = None) -> list[V1Pod]:
+        """The pods a workload's controller labels with its name: a batch Job's, else a
+        training operator job's (or those of ``label_key`` when given)."""
+        for key in ([label_key] if label_key else [self.job_label_key, wk.TRAINING_JOB_LABEL]):
+            pods = await self._call(f"list pods of {namespace}/{name}", self.core.list_namespaced_pod,
+                                    namespace, label_selector=f"{key}={name}")
+            assert pods is not None
+            if pods.items:
+                return list(pods.items)
+        return []
+
+    async def _resolve(self, target: str) -> tuple[_Workload | None, list[V1Pod]]:
+        """The workload's top owner: from its pods' controller ownerReferences up, else
+        (no pod yet or any more) a batch Job or a PyTorchJob of that name; None for pods
+        that name the workload by label alone, with no owner object.
+
+        An owner of a kind fleetmedic does not know is a :class:`PermanentError` naming it.
+        """
+        namespace, name = self._job_ref(target)
+        pods = await self._pods_of(namespace, name)
+        ref: dict[str, Any] | None = None
+        for pod in pods:
+            owners = [o for o in (_meta(pod).owner_references or []) if o.controller]
+            if owners:
+                o = owners[0]
+                ref = {"apiVersion": o.api_version, "kind": o.kind, "name": o.name}
+                break
+        obj: dict[str, Any] | None = None
+        kind: wk.Kind | None = None
+        if ref is None:
+            for k in (wk.JOB, wk.PYTORCH_JOB):
+                obj = await self._get(k, namespace, name)
+                if obj is not None:
+                    kind = k
+                    break
+            if obj is None or kind is None:
+                if pods:
+                    return None, pods
+                raise PermanentError(f"job {namespace}/{name} not found: no Job, PyTorchJob or pods of that name")
+            ref = wk.controller_of(obj)
+        for _ in range(8):  # owner chains are short; a cycle is not followed for ever
+            if ref is None:
+                break
+            known = wk.KNOWN.get((wk.group_of(str(ref["apiVersion"])), str(ref["kind"])))
+            if known is None:
+                raise PermanentError(
+                    f"job {namespace}/{name} is owned by {ref['kind']} {ref['name']} ({ref['apiVersion']}), a kind "
+                    f"fleetmedic cannot requeue (it knows {', '.join(sorted(k.kind for k in wk.KNOWN.values()))}); "
+                    "nothing was changed")
+            obj = await self._get(known, namespace, str(ref["name"]))
+            if obj is None:
+                raise PermanentError(f"job {namespace}/{name}: its owner {ref['kind']} {ref['name']} is gone")
+            kind, ref = known, wk.controller_of(obj)
+        assert obj is not None and kind is not None
+        return _Workload(kind, namespace, str(wk.meta(obj).get("name")), obj, pods), pods
+
+    async def _job_event_on(self, wl: _Workload, request: ActionRequest, reason: str, message: str) -> None:
+        m = wk.meta(wl.obj)
+        ref = V1ObjectReference(api_version=wl.kind.api_version, kind=wl.kind.kind, name=str(m.get("name")),
+                                namespace=wl.namespace, uid=m.get("uid"))
+        await self._event(ref, wl.namespace, request, reason, message, "Normal")
+
+    def _exclude_param(self, request: ActionRequest) -> list[str]:
         exclude = request.params.get("exclude") or []
         if isinstance(exclude, str) or not isinstance(exclude, (list, tuple, set, frozenset)):
-            raise PermanentError(f"requeue {request.target}: params.exclude must be a list of node names")
-        return await self._delete_pods(request, frozenset(str(n) for n in exclude))
+            raise PermanentError(f"{request.action.value} {request.target}: params.exclude must be a list of node names")
+        return sorted({str(n) for n in exclude})
+
+    async def _move(self, request: ActionRequest, exclude: list[str]) -> ActionResult:
+        """Requeue (or restart) a workload in its controller's terms (see the module doc)."""
+        if request.params.get("label_key"):  # a workload named by its pods' label alone
+            return await self._delete_pods(request, frozenset(exclude))
+        wl, pods = await self._resolve(request.target)
+        if wl is None:
+            return await self._delete_pods(request, frozenset(exclude), pods)
+        if wk.kueue_managed(wl.obj):
+            return await self._requeue_through_kueue(request, wl, exclude)
+        if wl.kind == wk.JOB:
+            return await self._delete_pods(request, frozenset(exclude), wl.pods)
+        return await self._requeue_by_suspending(request, wl, exclude)
+
+    def _ended(self, wl: _Workload, exclude: list[str]) -> ActionResult | None:
+        """``already_so`` for a workload that succeeded; a :class:`PermanentError` for one
+        that failed (its controller let it fail for good: its restart policy is kept)."""
+        ended = wk.finished(wl.obj)
+        ref = f"{wl.kind.kind} {wl.namespace}/{wl.name}"
+        if ended in ("Complete", "Succeeded"):
+            return ActionResult(Outcome.already_so, f"{ref} already finished ({ended})")
+        if ended == "Failed":
+            policies = ", ".join(f"{k}: {v}" for k, v in wk.restart_policies(wl.kind, wl.obj).items())
+            raise PermanentError(
+                f"{ref} has failed for good under its restart policy ({policies}); fleetmedic does not "
+                f"resubmit a failed job: resubmit it{' without ' + ', '.join(exclude) if exclude else ''}")
+        return None
+
+    async def _requeue_by_suspending(self, request: ActionRequest, wl: _Workload, exclude: list[str]) -> ActionResult:
+        """A PyTorchJob: the suspect nodes excluded on every replica template and the job
+        suspended in one conditional patch; once the training operator has stopped its pods,
+        resumed.  Its progress is kept on the job (``fleetmedic.io/requeue``), so a retried
+        or replayed action carries on where it was."""
+        ref = f"{wl.kind.kind} {wl.namespace}/{wl.name}"
+        verdict, phase = wk.requeue_mark(wl.obj, ANNOTATION_REQUEUE)
+        if verdict == request.verdict_id and phase == "resumed":
+            return ActionResult(Outcome.already_so, f"{ref} already restarted for verdict {request.verdict_id}")
+        done = self._ended(wl, exclude)
+        if done is not None:
+            return done
+        rv = wk.meta(wl.obj).get("resourceVersion")
+        if verdict != request.verdict_id:
+            body = _merge(wk.exclusion_patch(wl.kind, wl.obj, exclude) if exclude else None,
+                          wk.suspend_patch(wl.kind, True),
+                          {"metadata": {"resourceVersion": rv,
+                                        "annotations": {ANNOTATION_REQUEUE: f"{request.verdict_id}:suspended"}}})
+            await self._patch(wl.kind, wl.namespace, wl.name, body)
+            await self._job_event_on(wl, request, "FleetmedicRequeue",
+                                     f"verdict {request.verdict_id}: suspended to restart"
+                                     + (f" without {', '.join(exclude)}" if exclude else ""))
+            raise Waiting(f"{ref} suspended{' with ' + ', '.join(exclude) + ' excluded' if exclude else ''}; "
+                          "resumed once its controller has stopped its pods", delay=CONTROLLER_POLL_S)
+        left = [p for p in await self._pods_of(wl.namespace, wl.name) if _phase(p) not in ("Succeeded", "Failed")]
+        if left:
+            raise Waiting(f"{ref} suspended; {len(left)} of its pods still to stop", delay=CONTROLLER_POLL_S)
+        await self._patch(wl.kind, wl.namespace, wl.name, _merge(
+            wk.suspend_patch(wl.kind, False),
+            {"metadata": {"resourceVersion": rv,
+                          "annotations": {ANNOTATION_REQUEUE: f"{request.verdict_id}:resumed"}}}))
+        detail = (f"{ref} restarted from its last checkpoint"
+                  + (f", kept off {', '.join(exclude)} by node affinity" if exclude else ""))
+        await self._job_event_on(wl, request, "FleetmedicRequeue", f"verdict {request.verdict_id}: {detail}")
+        return ActionResult(Outcome.applied, detail)
+
+    async def _workloads_of(self, wl: _Workload) -> list[dict[str, Any]]:
+        """Kueue's Workloads for the job (by the job-UID label Kueue sets)."""
+        uid = wk.meta(wl.obj).get("uid")
+        got = await self._call(
+            f"list Workloads of {wl.namespace}/{wl.name}", self.custom.list_namespaced_custom_object,
+            wk.WORKLOAD.group, wk.WORKLOAD.version, wl.namespace, wk.WORKLOAD.plural,
+            label_selector=f"{wk.KUEUE_JOB_UID_LABEL}={uid}", tolerate=(404,),
+        )
+        items = cast("list[dict[str, Any]]", cast("dict[str, Any]", got or {}).get("items") or [])
+        return [w for w in items if any(r.get("uid") == uid for r in wk.meta(w).get("ownerReferences") or [])]
+
+    async def _set_active(self, workloads: list[dict[str, Any]], active: bool, ns: str) -> None:
+        for w in workloads:
+            if bool((w.get("spec") or {}).get("active", True)) != active:
+                await self._patch(wk.WORKLOAD, ns, str(wk.meta(w).get("name")), {"spec": {"active": active}})
+
+    async def _requeue_through_kueue(self, request: ActionRequest, wl: _Workload, exclude: list[str]) -> ActionResult:
+        """A job Kueue admits: its Workload deactivated (Kueue evicts it and suspends the
+        job); once suspended with its pods stopped, the suspect nodes excluded on its pod
+        templates; the Workload activated again, so Kueue admits it anew.  Each step is
+        recorded on the job (``fleetmedic.io/requeue``) and observed before the next."""
+        ref = f"{wl.kind.kind} {wl.namespace}/{wl.name} (Kueue)"
+        verdict, phase = wk.requeue_mark(wl.obj, ANNOTATION_REQUEUE)
+        if verdict == request.verdict_id and phase == "resumed":
+            return ActionResult(Outcome.already_so, f"{ref} already requeued for verdict {request.verdict_id}")
+        done = self._ended(wl, exclude)
+        if done is not None:
+            return done
+        workloads = await self._workloads_of(wl)
+        rv = wk.meta(wl.obj).get("resourceVersion")
+
+        def mark(ph: str) -> dict[str, Any]:
+            return {"metadata": {"resourceVersion": rv,
+                                 "annotations": {ANNOTATION_REQUEUE: f"{request.verdict_id}:{ph}"}}}
+
+        if verdict != request.verdict_id:
+            if not workloads:
+                raise Waiting(f"{ref}: Kueue has no Workload for it yet", delay=CONTROLLER_POLL_S)
+            await self._patch(wl.kind, wl.namespace, wl.name, mark("deactivated"))
+            await self._set_active(workloads, False, wl.namespace)
+            await self._job_event_on(wl, request, "FleetmedicRequeue",
+                                     f"verdict {request.verdict_id}: Workload deactivated to requeue it")
+            raise Waiting(f"{ref}: Workload deactivated; waiting for Kueue to suspend the job",
+                          delay=CONTROLLER_POLL_S)
+        if phase == "deactivated":
+            if not wk.suspended(wl.kind, wl.obj):
+                raise Waiting(f"{ref}: waiting for Kueue to suspend the job", delay=CONTROLLER_POLL_S)
+            live = [p for p in await self._pods_of(wl.namespace, wl.name) if _phase(p) not in ("Succeeded", "Failed")]
+            if live or (wl.kind == wk.JOB and (wl.obj.get("status") or {}).get("startTime")):
+                raise Waiting(f"{ref}: suspended; {len(live)} of its pods still to stop", delay=CONTROLLER_POLL_S)
+            body = _merge(wk.exclusion_patch(wl.kind, wl.obj, exclude) if exclude else None, mark("excluded"))
+            await self._patch(wl.kind, wl.namespace, wl.name, body)
+            raise Waiting(f"{ref}: nodes excluded; activating its Workload", delay=0.0)
+        # excluded: Kueue may have replaced the Workload after the template changed
+        await self._set_active(workloads, True, wl.namespace)
+        await self._patch(wl.kind, wl.namespace, wl.name, mark("resumed"))
+        detail = (f"{ref} requeued through Kueue" + (f", kept off {', '.join(exclude)} by node affinity"
+                                                        if exclude else ""))
+        await self._job_event_on(wl, request, "FleetmedicRequeue", f"verdict {request.verdict_id}: {detail}")
+        return ActionResult(Outcome.applied, detail)
+
+    async def requeue(self, request: ActionRequest) -> ActionResult:
+        """Move a workload off suspect nodes (``params["exclude"]``), in its controller's
+        terms (see the module doc)."""
+        return await self._reread_on_conflict(lambda r: self._move(r, self._exclude_param(r)), request)
 
     async def retry(self, request: ActionRequest) -> ActionResult:
-        """Run a workload's failed pods again (same placement allowed): delete them."""
-        return await self._delete_pods(request, frozenset())
+        """Run a workload again, same placement allowed: a batch Job's failed pods deleted;
+        a PyTorchJob or a Kueue job restarted as a whole."""
+        return await self._reread_on_conflict(lambda r: self._move(r, []), request)
+
+    async def checkpoint(self, request: ActionRequest) -> ActionResult:
+        """Checkpoint-now: ask a workload to save its state by ``params["deadline"]``.
+
+        Observes its live pods and its top owner.  Already so when each carries
+        ``fleetmedic.io/checkpoint-requested`` with this deadline, or when nothing of it
+        runs.  Otherwise annotates what lacks it (a pod reads it through the downward API,
+        ``docs/checkpoint-now.md``) and records an Event on the owner.
+        """
+        try:
+            deadline = datetime.fromtimestamp(float(request.params["deadline"]), tz=timezone.utc)
+        except (KeyError, TypeError, ValueError, OverflowError, OSError) as exc:
+            raise PermanentError(f"checkpoint {request.target}: params.deadline must be Unix seconds ({exc})") from exc
+        value = _rfc3339(deadline)
+        label_key = request.params.get("label_key")
+        wl, pods = (None, []) if label_key else await self._resolve(request.target)
+        namespace, name = (wl.namespace, wl.name) if wl else self._job_ref(request.target)
+        pods = pods or await self._pods_of(namespace, name, label_key)
+        live = [p for p in pods if _phase(p) in ("Pending", "Running") and not _is_terminating(p)]
+        if not live:
+            return ActionResult(Outcome.already_so, f"job {namespace}/{name}: no running pod to save its state")
+        todo = [p for p in live if (_meta(p).annotations or {}).get(ANNOTATION_CHECKPOINT) != value]
+        owner_todo = wl is not None and (wk.meta(wl.obj).get("annotations") or {}).get(ANNOTATION_CHECKPOINT) != value
+        if not todo and not owner_todo:
+            return ActionResult(Outcome.already_so, f"job {namespace}/{name} already asked to checkpoint by {value}")
+        body = {"metadata": {"annotations": {ANNOTATION_CHECKPOINT: value}}}
+        if wl is not None and owner_todo:
+            await self._patch(wl.kind, wl.namespace, wl.name, body)
+        for pod in todo:
+            await self._call(f"annotate pod {_pod_ref(pod)}", _unread(self.core.patch_namespaced_pod),
+                             _meta(pod).name, namespace, body, field_manager=self.field_manager, tolerate=(404,))
+        detail = (f"job {namespace}/{name} asked to save its state by {value} "
+                  f"({ANNOTATION_CHECKPOINT} on {len(live)} pods{' and its ' + wl.kind.kind if wl else ''})")
+        if wl is not None:
+            await self._job_event_on(wl, request, "FleetmedicCheckpoint", f"verdict {request.verdict_id}: {detail}")
+        return ActionResult(Outcome.applied, detail)
 
     async def stop(self, request: ActionRequest) -> ActionResult:
-        """Stop retrying a batch Job.
+        """Stop retrying a workload.
 
-        Observes the Job (404: :class:`PermanentError`).  Already so when it is
-        suspended or has finished (``Complete`` or ``Failed``).  Otherwise patches
-        ``spec.suspend: true``; the Job controller then removes its active pods.
+        Observes it (none: :class:`PermanentError`).  Already so when it is suspended (or
+        its Kueue Workload inactive) or has finished.  Otherwise suspends a batch Job or a
+        PyTorchJob (its controller then stops its pods), or deactivates the Workload of a
+        job that Kueue admits.
         """
-        namespace, name = self._job_ref(request.target)
-        job = await self._call(f"read job {namespace}/{name}", self.batch.read_namespaced_job, name, namespace)
-        assert job is not None
-        if job.spec is not None and job.spec.suspend:
-            return ActionResult(Outcome.already_so, f"job {namespace}/{name} already suspended")
-        conditions = (job.status.conditions if job.status is not None else None) or []
-        finished = [c.type for c in conditions if c.type in ("Complete", "Failed") and c.status == "True"]
-        if finished:
-            return ActionResult(Outcome.already_so, f"job {namespace}/{name} already finished ({finished[0]})")
-        await self._call(
-            f"suspend job {namespace}/{name}",
-            self.batch.patch_namespaced_job,
-            name,
-            namespace,
-            {"spec": {"suspend": True}},
-            field_manager=self.field_manager,
-            _content_type="application/strategic-merge-patch+json",
-        )
-        await self._job_event(namespace, name, request, "FleetmedicStop",
-                              f"verdict {request.verdict_id}: suspended ({request.reason or 'repeating failure'})")
-        return ActionResult(Outcome.applied, f"job {namespace}/{name} suspended")
+        wl, _ = await self._resolve(request.target)
+        if wl is None:
+            raise PermanentError(f"job {request.target}: its pods have no owner that could be suspended")
+        ref = f"{wl.kind.kind} {wl.namespace}/{wl.name}"
+        ended = wk.finished(wl.obj)
+        if ended:
+            return ActionResult(Outcome.already_so, f"{ref} already finished ({ended})")
+        if wk.kueue_managed(wl.obj):
+            workloads = await self._workloads_of(wl)
+            if workloads and all(not (w.get("spec") or {}).get("active", True) for w in workloads):
+                return ActionResult(Outcome.already_so, f"{ref}: its Workload is already inactive")
+            if not workloads:
+                raise Waiting(f"{ref}: Kueue has no Workload for it yet", delay=CONTROLLER_POLL_S)
+            await self._set_active(workloads, False, wl.namespace)
+            what = "Workload deactivated (Kueue suspends the job)"
+        else:
+            if wk.suspended(wl.kind, wl.obj):
+                return ActionResult(Outcome.already_so, f"{ref} already suspended")
+            await self._patch(wl.kind, wl.namespace, wl.name, wk.suspend_patch(wl.kind, True))
+            what = "suspended"
+        await self._job_event_on(wl, request, "FleetmedicStop",
+                                 f"verdict {request.verdict_id}: {what} ({request.reason or 'repeating failure'})")
+        return ActionResult(Outcome.applied, f"{ref} {what}")
 
 
 _Handler = Callable[[KubernetesBackend, ActionRequest], Awaitable[ActionResult]]
@@ -1016,4 +1314,5 @@ _HANDLERS: Mapping[ActionName, _Handler] = {
     ActionName.retry: KubernetesBackend.retry,
     ActionName.restart: KubernetesBackend.retry,
     ActionName.stop: KubernetesBackend.stop,
+    ActionName.checkpoint: KubernetesBackend.checkpoint,
 }

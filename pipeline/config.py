@@ -187,6 +187,10 @@ class PolicySettings(_Section):
     checkpoint_deadline_s: float = Field(
         600.0, gt=0, description="event-time seconds a degraded job may run on to reach its next checkpoint"
     )
+    checkpoint_now: bool = Field(
+        True, description="when a node under a running job degrades, ask the job to save its state now (a "
+                          "checkpoint action: annotation, signal, checkpoint_requested record) instead of waiting "
+                          "for its next scheduled checkpoint; either way it moves at checkpoint_deadline_s at the latest")
     lemon_returns: int = Field(3, ge=1, description="returns to service within lemon_window_s that make a lemon")
     lemon_window_s: float = Field(7 * 86400.0, gt=0)
 

@@ -497,7 +497,8 @@ class NodeNotice(Record):
     schema_: Literal["node-notice/1"] = Field(default="node-notice/1", alias="schema")
     node: str
     kind: Literal["placed", "released", "job_failed", "diag_started", "diag_passed", "diag_failed",
-                  "network_fault", "fabric_switch", "operator_return", "operator_hold", "hardware_failure"]
+                  "network_fault", "fabric_switch", "operator_return", "operator_hold", "hardware_failure",
+                  "job_moved"]
     job: str
     attempt: int = 1
     reason: str | None = None

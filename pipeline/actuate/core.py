@@ -46,10 +46,13 @@ from actuators import (
     RetriesExhausted,
     RetryPolicy,
     TemporaryError,
+    Waiting,
     call_with_retry,
 )
 from actuators.dryrun import DryRun, DryRunBackend
-from schemas import JOB_ACTIONS, ActionName, ActionRecord, Outcome, Verdict
+from schemas import (JOB_ACTIONS, ActionName, ActionRecord, JobEvent, JobEventKind, Outcome, PlannedAction,
+                     Verdict)
+from schemas.ids import stable_id
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +130,42 @@ class Work:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Work:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def checkpoint_request(work: Work, record: ActionRecord) -> JobEvent | None:
+    """The ``checkpoint_requested`` record that tells a job on ``telemetry.job`` what its
+    ``checkpoint`` action asked (checkpoint-now, ``docs/checkpoint-now.md``), once the
+    action reached its scheduler; None for any other action or outcome."""
+    if record.action is not ActionName.checkpoint or record.outcome not in (Outcome.applied, Outcome.already_so):
+        return None
+    v = work.verdict
+    params = v["actions"][work.index].get("params") or {}
+    deadline = params.get("deadline")
+    return JobEvent(
+        ts=float(v["ts"]), job=work.target, event=JobEventKind.checkpoint_requested,
+        scheduler=str(params.get("scheduler") or "sim"), attempt=int(params.get("attempt") or 1),
+        checkpoint_deadline=float(deadline) if deadline is not None else None,
+        reason=f"node {params.get('node')} is degrading (verdict {v['id']})",
+    )
+
+
+def failure_alert(work: Work, record: ActionRecord) -> Verdict | None:
+    """An alert for a person about an action that failed for good (a workload of a kind
+    fleetmedic cannot requeue, a backend that refused it): the verdict it belonged to,
+    its one action now an ``escalate`` of the target naming what failed and why.  None
+    for any other outcome, and for escalations (their failures are deliveries' own)."""
+    if record.outcome is not Outcome.failed or record.action is ActionName.escalate:
+        return None
+    v = work.verdict
+    return Verdict(
+        ts=record.ts, id=stable_id("action-failed", record.key), incident=str(v.get("incident") or record.verdict_id),
+        scope=v.get("scope") or "job", subject=record.target, fault_class=v.get("fault_class") or "unknown",
+        confidence=float(v.get("confidence") or 1.0), job=v.get("job"), nodes=list(v.get("nodes") or []),
+        evidence={"action_failed": record.action.value, "detail": record.detail[:2000], "verdict": record.verdict_id,
+                  "backend": record.backend, "attempts": record.attempts},
+        actions=[PlannedAction(action=ActionName.escalate, target=record.target,
+                               params={"reason": f"{record.action.value} failed: {record.detail[:500]}"})],
+    )
 
 
 @dataclass
@@ -227,7 +266,8 @@ class Actuation:
             return self._record(req, Outcome.failed, f"permanent: {exc}", attempt, verdict.ts, backend.name)
         except (TemporaryError, ConnectionError, TimeoutError, OSError) as exc:
             first = w.first_at if w.first_at is not None else now
-            patient = req.action is ActionName.drain and now - first < self.drain_wait_s
+            # a drain, or an action whose controller has still to act, waits out drain_wait_s
+            patient = (req.action is ActionName.drain or isinstance(exc, Waiting)) and now - first < self.drain_wait_s
             if attempt >= self.retry.max_attempts and not patient:
                 return self._record(req, Outcome.failed, f"gave up after {attempt} attempts: {exc}", attempt,
                                     verdict.ts, backend.name)

@@ -406,9 +406,28 @@ def node_on_notice(h: NodeHealth, n: NodeNotice, cfg: PolicySettings,
         return _isolate_node(h, node, n.ts, fc, evidence, confidence=0.85,
                              incident=n.signature or stable_id("node", node, "job-output", n.job, n.attempt), hard=True,
                              failed_job=n.job)
+    if n.kind == "job_moved":
+        # a job left this degrading node from a checkpoint (asked for, or its last one at
+        # the deadline): once no other job is left on it, what remains is drained
+        if h["state"] not in OUT_OF_POOL or (n.signature and n.signature != h.get("incident")):
+            return Decision()
+        moved = sorted({*(h.get("moved_off") or []), n.job})[-MAX_KEPT:]
+        h["moved_off"] = moved
+        left = sorted(j for j in h["jobs"] if j not in moved)
+        if left:
+            return Decision()
+        v = _verdict(
+            ts=n.ts, incident=h.get("incident") or stable_id("node", node, "moved", n.job), scope="node",
+            subject=node, fault_class=h.get("fault_class") or FaultClass.node_degrading, confidence=0.8,
+            actions=[(ActionName.drain, node, {"after": n.reason or "the jobs moved off"})],
+            evidence={"rule": "its jobs moved off it at their checkpoints (checkpoint-now)", "jobs": moved,
+                      "detail": n.reason},
+            job=n.job, nodes=[node],
+        )
+        return Decision(verdicts=[v])
     if n.kind == "operator_return":
         # a person returned the node to service: its history starts again
-        enter(h, NodeState.healthy, n.ts, incident=None, fault_class=None, anomalies=[], failed_jobs=[],
+        enter(h, NodeState.healthy, n.ts, incident=None, fault_class=None, anomalies=[], failed_jobs=[], moved_off=[],
                  operator={"return": n.reason, "ts": n.ts})
         return Decision()
     if n.kind == "operator_hold":
@@ -444,7 +463,7 @@ def node_on_notice(h: NodeHealth, n: NodeNotice, cfg: PolicySettings,
                 nodes=[node],
             )
             return Decision(verdicts=[v])
-        enter(h, NodeState.healthy, n.ts, incident=None, fault_class=None, anomalies=[], failed_jobs=[])
+        enter(h, NodeState.healthy, n.ts, incident=None, fault_class=None, anomalies=[], failed_jobs=[], moved_off=[])
         h["returns"] = (returns + [n.ts])[-MAX_KEPT:]
         v = _verdict(
             ts=n.ts, incident=incident, scope="node", subject=node, fault_class=fc, confidence=0.9,
@@ -523,10 +542,15 @@ def _settle(hist: JobHistory, attempt: int) -> None:
 
 
 def _next_tick(d: Decision, hist: JobHistory) -> Decision:
-    """``d`` asking for a tick when the oldest waiting failure is due (if one waits)."""
-    w = _waiting(hist)
-    if w:
-        d.tick_ts, d.tick_at = w[0]["deadline_ts"], min(x["deadline_wall"] for x in w)
+    """``d`` asking for a tick when the oldest waiting failure, or a move waiting for a
+    checkpoint, is due (if one waits)."""
+    due = [(w["deadline_ts"], w["deadline_wall"]) for w in _waiting(hist)[:1]]
+    pend = hist["pending"]
+    if pend and pend.get("kind") == "migrate" and pend.get("deadline_wall") is not None:
+        due.append((pend["deadline_ts"], pend["deadline_wall"]))
+    if due:
+        d.tick_ts = min(t for t, _ in due)
+        d.tick_at = min([w for _, w in due] + [x["deadline_wall"] for x in _waiting(hist)])
     return d
 
 
@@ -700,6 +724,13 @@ def job_on_event(hist: JobHistory, e: JobEvent, cfg: PolicySettings, wall_now: f
         return d
 
     waiting = _waiting(hist)
+    pend = hist["pending"]
+    if (e.event is JobEventKind.checkpoint and e.attempt < hist["attempt"] and pend and pend["kind"] == "migrate"
+            and pend["attempt"] == hist["attempt"] and e.ts >= pend.get("asked_ts", float("inf"))):
+        # the answer to a checkpoint request: a job cannot always know which attempt it is
+        # (a replaced pod), so one saved after the request counts whatever attempt it names
+        hist["checkpoint"] = {"step": e.checkpoint_step if e.checkpoint_step is not None else e.step, "ts": e.ts}
+        return _migrate(hist, e.ts, pend, reason="checkpoint reached")
     if e.attempt < hist["attempt"] and not (e.event is JobEventKind.failed and e.attempt not in hist["decided"]
                                             and not any(w["attempt"] == e.attempt for w in waiting)):
         return d  # a late event of an older attempt (but a failure not judged yet counts)
@@ -723,6 +754,8 @@ def job_on_event(hist: JobHistory, e: JobEvent, cfg: PolicySettings, wall_now: f
         if pend and pend["kind"] == "migrate" and pend["attempt"] == e.attempt:
             return _migrate(hist, e.ts, pend, reason="checkpoint reached")
         return d
+    if e.event is JobEventKind.checkpoint_requested:
+        return d  # fleetmedic's own request, published for the job: its answer is a checkpoint
     if e.event is JobEventKind.progress:
         hist["status"] = "running"
         if pend and pend["kind"] == "migrate" and e.ts >= pend["deadline_ts"]:
@@ -782,13 +815,28 @@ def _move_off_faulty_nodes(hist: JobHistory, w: dict[str, Any], cfg: PolicySetti
 
 
 def _migrate(hist: JobHistory, ts: float, pend: dict[str, Any], *, reason: str) -> Decision:
+    """Move the job off its degrading node, from its last checkpoint, and tell the node's
+    owner that the job is leaving (it drains the node then)."""
     v = _job_verdict(
         hist, ts, pend["incident"], FaultClass(pend["fault_class"]), ActionName.requeue, 0.8,
         {"node": pend["node"], "reason": reason, "checkpoint": hist["checkpoint"]},
         {"exclude": [pend["node"]], "from_checkpoint": True},
     )
     hist["pending"] = None
-    return Decision(verdicts=[v])
+    moved = NodeNotice(ts=ts, node=pend["node"], kind="job_moved", job=hist["job"], attempt=pend["attempt"],
+                       reason=reason, signature=pend["incident"])
+    return Decision(verdicts=[v], node_notices=[moved])
+
+
+def _ask_checkpoint(hist: JobHistory, n: JobNotice, pend: dict[str, Any]) -> Verdict:
+    """Checkpoint-now: ask the job to save its state before its degrading node is taken
+    (``docs/checkpoint-now.md``); the answer is its next ``checkpoint`` record."""
+    return _job_verdict(
+        hist, n.ts, n.incident, n.fault_class, ActionName.checkpoint, 0.8,
+        {"node": n.node, "reason": "a node it runs on is degrading: asked to save its state now",
+         "anomalies": n.anomalies[:10], "checkpoint": hist["checkpoint"]},
+        {"deadline": pend["deadline_ts"], "node": n.node},
+    )
 
 
 def job_on_notice(hist: JobHistory, n: JobNotice, cfg: PolicySettings, wall_now: float) -> Decision:
@@ -822,12 +870,16 @@ def job_on_notice(hist: JobHistory, n: JobNotice, cfg: PolicySettings, wall_now:
             waiting.sort(key=lambda w: w["attempt"])
             return _next_tick(Decision(), hist)
         return Decision()
-    # node_degrading: move the job off the node at its next checkpoint (or deadline)
+    # node_degrading: move the job off the node at its next checkpoint, asked for now
+    # (checkpoint_now), or at the deadline from the last one
     if hist["status"] == "running" and n.node in hist["nodes"] and not pend:
-        hist["pending"] = {
+        pend = hist["pending"] = {
             "kind": "migrate", "attempt": hist["attempt"], "node": n.node, "incident": n.incident,
             "fault_class": n.fault_class.value, "deadline_ts": n.ts + cfg.checkpoint_deadline_s,
+            "deadline_wall": wall_now + cfg.checkpoint_deadline_s, "asked_ts": n.ts,
         }
+        d = Decision(verdicts=[_ask_checkpoint(hist, n, pend)] if cfg.checkpoint_now else [])
+        return _next_tick(d, hist)
     return Decision()
 
 
@@ -856,6 +908,16 @@ def job_on_tick(hist: JobHistory, cfg: PolicySettings, wall_now: float, ts: floa
             d.verdicts += got.verdicts
             d.node_notices += got.node_notices
         waiting = _waiting(hist)
+    pend = hist["pending"]
+    if (pend and pend.get("kind") == "migrate" and pend.get("deadline_wall") is not None
+            and (ts >= pend["deadline_ts"] or wall_now >= pend["deadline_wall"])):
+        if pend["attempt"] == hist["attempt"] and hist["status"] == "running":
+            stamp = pend["deadline_ts"] if ts >= pend["deadline_ts"] else ts
+            got = _migrate(hist, stamp, pend, reason="no checkpoint by the deadline: moved from its last checkpoint")
+            d.verdicts += got.verdicts
+            d.node_notices += got.node_notices
+        else:
+            hist["pending"] = None  # it ended, failed or moved meanwhile
     return _next_tick(d, hist)
 
 

@@ -161,6 +161,8 @@ class Job:
     failed_at: float | None = None
     exclude: set[str] = field(default_factory=set)
     from_checkpoint: bool = False
+    #: fleetmedic asked it to save its state now (checkpoint-now): it does at its next step
+    checkpoint_asked: bool = False
 
 
 @dataclass
@@ -558,7 +560,8 @@ class Cluster:
             if j.user_bug_after is not None and elapsed >= j.user_bug_after:
                 self._user_bug(j)
                 continue
-            if elapsed > 0 and int(elapsed) % int(self.cfg.checkpoint_every) == 0:
+            if j.checkpoint_asked or (elapsed > 0 and int(elapsed) % int(self.cfg.checkpoint_every) == 0):
+                j.checkpoint_asked = False
                 j.checkpoint_step = int(j.step)
                 self.job_event(j, "checkpoint", step=int(j.step), checkpoint_step=j.checkpoint_step)
             if elapsed > 0 and int(elapsed) % int(self.cfg.progress_every) == 0:
@@ -677,6 +680,7 @@ class Cluster:
     def _restart(self, j: Job, *, same_nodes: bool, exclude: list[str] | None = None) -> None:
         j.attempt += 1
         j.from_checkpoint = True
+        j.checkpoint_asked = False
         j.exclude |= set(exclude or [])
         prev = list(j.nodes)
         j.status = "pending"
@@ -714,7 +718,7 @@ class Cluster:
                 # the Eviction API's answer while a budget allows no disruption (HTTP 429)
                 return 429, {"error": "Cannot evict pod as it would violate the pod's disruption budget."}
             outcome, detail = self._node_action(node, action)
-        elif action in ("retry", "restart", "requeue", "stop"):
+        elif action in ("retry", "restart", "requeue", "stop", "checkpoint"):
             job = self.jobs.get(target)
             if job is None:
                 return 404, {"error": f"no job {target}"}
@@ -773,6 +777,13 @@ class Cluster:
             return "applied", "job stopped"
         if j.status in ("completed", "stopped"):
             return "already_so", f"job is {j.status}"
+        if action == "checkpoint":
+            if j.status != "running":
+                return "already_so", f"job is {j.status}: nothing to save"
+            if j.checkpoint_asked:
+                return "already_so", "the job was asked already"
+            j.checkpoint_asked = True
+            return "applied", "asked to save its state now (at its next step)"
         if action in ("retry", "restart"):
             self._restart(j, same_nodes=True)
             return "applied", f"attempt {j.attempt} on the same nodes"

@@ -35,8 +35,9 @@ from schemas import JobEvent, JobEventKind
 
 log = logging.getLogger(__name__)
 
-#: pod labels naming the batch Job that owns a pod (new and legacy spelling)
-JOB_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+#: pod labels naming the workload that owns a pod: a batch Job (new and legacy spelling),
+#: a training-operator job (PyTorchJob and its kin); the job id is ``<namespace>/<name>``
+JOB_LABELS = ("batch.kubernetes.io/job-name", "job-name", "training.kubeflow.org/job-name")
 #: pod annotation naming the node a diagnostics pod tests
 DIAG_NODE_ANNOTATION = "fleetmedic.dev/node-name"
 MAX_TEXT = 4000

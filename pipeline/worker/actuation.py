@@ -21,7 +21,7 @@ from actuators import RetryPolicy
 from schemas import ActionName, ActionRecord, ActionStep, Outcome, Verdict
 
 from pipeline.actuate.control import held_record
-from pipeline.actuate.core import ActionRunner, Actuation, Work
+from pipeline.actuate.core import ActionRunner, Actuation, Work, checkpoint_request, failure_alert
 from pipeline.worker.build import build_alerts, build_notifier, build_router
 from pipeline.worker.wiring import Wiring
 
@@ -37,7 +37,7 @@ def install(w: Wiring) -> tuple[Any, ...]:
     breaker, fleet_size, control, control_state = w.breaker, w.fleet_size, w.control, w.control_state
     action_to_outcome, action_pending = w.tables["action_to_outcome"], w.tables["action_pending"]
     breaker_state = w.tables["breaker_state"]
-    t_steps, t_actions = w.topic("internal.actions"), w.topic("actions")
+    t_steps, t_actions, t_jobs = w.topic("internal.actions"), w.topic("actions"), w.topic("telemetry.job")
     actuation_source = w.actuation_source
     decode_event, send_dead = w.decode_event, w.send_dead
 
@@ -71,6 +71,8 @@ def install(w: Wiring) -> tuple[Any, ...]:
         step = (ActionStep(ts=time.time(), kind="retry", key=w.key, work=got.to_dict()) if isinstance(got, Work)
                 else ActionStep(ts=time.time(), kind="done", key=w.key, work=w.to_dict(), record=got))
         await t_steps.send(key=w.target.encode(), value=step.to_json(), partition=w.partition)
+        if isinstance(got, ActionRecord) and (asked := checkpoint_request(w, got)) is not None:
+            await t_jobs.send(key=asked.job.encode(), value=asked.to_json())
 
     def runner() -> ActionRunner:
         if state["runner"] is None:
@@ -156,11 +158,14 @@ def install(w: Wiring) -> tuple[Any, ...]:
             return
         assert step.record is not None
         sync_breaker()
-        records = await actuation().finish(Work.from_dict(step.work), step.record)
+        done = Work.from_dict(step.work)
+        records = await actuation().finish(done, step.record)
         del action_pending[step.key]
         keep_breaker()
         for r in records:
             await record_action(r)
+        if alerts is not None and (alert := failure_alert(done, step.record)) is not None:
+            alerts.submit(alert)  # a person is told of an action that failed for good
 
     @app.agent(actuation_source, name="actuate")
     async def actuate(stream: faust.StreamT) -> None:

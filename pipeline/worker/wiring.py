@@ -87,7 +87,7 @@ class Wiring:
             return app.topic(specs[a].name, specs[b].name, partitions=partitions, key_type=bytes, value_type=bytes)
 
         topics = {short: topic(short) for short in (
-            "telemetry.gpu", "telemetry.network", "anomalies", "verdicts", "actions", "deadletter",
+            "telemetry.gpu", "telemetry.network", "telemetry.job", "anomalies", "verdicts", "actions", "deadletter",
             "internal.node-notices", "internal.job-notices", "internal.switch-notices", "internal.actions")}
         json_schema = faust.Schema(key_serializer="json", value_serializer="json")
         tables = {name: app.Table(name, default=None, partitions=s.kafka.partitions, schema=json_schema)

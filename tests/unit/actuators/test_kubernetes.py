@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import urllib3
 from kubernetes.client import (
+    CustomObjectsApi,
     ApiClient,
     BatchV1Api,
     CoreV1Api,
@@ -328,6 +329,10 @@ class FakeCoreV1Api(_FakeApi):
         self.evicted.append((namespace, name))
         return body
 
+    def patch_namespaced_pod(self, name: str, namespace: str, body: Any, **kwargs: Any) -> V1Pod:
+        self._enter("patch_namespaced_pod", name, namespace, body, **kwargs)
+        return _answer(self._patch(self._pod_doc(namespace, name), body, V1Pod, part="main"), kwargs)
+
     def delete_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> V1Pod:
         self._enter("delete_namespaced_pod", name, namespace, **kwargs)
         body = kwargs.get("body")
@@ -411,6 +416,63 @@ class FakeBatchV1Api(_FakeApi):
         return self._patch(self._job_doc(namespace, name), body, V1Job, part="main")
 
 
+class FakeCustomObjectsApi(_FakeApi):
+    """Objects served as JSON by group/version/plural: batch Jobs (the batch fake's),
+    PyTorchJobs and Kueue Workloads, with JSON merge patches (resourceVersion checked)."""
+
+    real = CustomObjectsApi
+
+    def __init__(self, batch: FakeBatchV1Api) -> None:
+        super().__init__()
+        self.batch = batch
+        self.objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+
+    def _store(self, group: str, plural: str) -> Any:
+        return None if (group, plural) == ("batch", "jobs") else plural
+
+    def add(self, doc: dict[str, Any], plural: str) -> dict[str, Any]:
+        group = doc["apiVersion"].split("/")[0]
+        m = doc["metadata"]
+        m.setdefault("uid", f"uid-{plural}-{m['name']}")
+        self._bump(doc)
+        self.objects[(group, plural, m["namespace"], m["name"])] = doc
+        return doc
+
+    def _doc(self, group: str, namespace: str, plural: str, name: str) -> dict[str, Any]:
+        if (group, plural) == ("batch", "jobs"):
+            return self.batch._job_doc(namespace, name)
+        if (group, plural, namespace, name) not in self.objects:
+            raise api_error(404, f'{plural}.{group} "{name}" not found')
+        return self.objects[(group, plural, namespace, name)]
+
+    def get_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, name: str,
+                                     **kwargs: Any) -> Any:
+        self._enter("get_namespaced_custom_object", group, version, namespace, plural, name, **kwargs)
+        return copy.deepcopy(self._doc(group, namespace, plural, name))
+
+    def list_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str,
+                                      **kwargs: Any) -> Any:
+        self._enter("list_namespaced_custom_object", group, version, namespace, plural, **kwargs)
+        want = _selector(kwargs.get("label_selector") or "")
+        items = [copy.deepcopy(d) for (g, pl, ns, _), d in self.objects.items()
+                 if (g, pl, ns) == (group, plural, namespace)
+                 and all((d["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())]
+        return {"items": items}
+
+    def patch_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, name: str,
+                                       body: Any, **kwargs: Any) -> Any:
+        self._enter("patch_namespaced_custom_object", group, version, namespace, plural, name, body, **kwargs)
+        doc = self._doc(group, namespace, plural, name)
+        want_rv = body.get("metadata", {}).get("resourceVersion")
+        if want_rv is not None and want_rv != doc["metadata"]["resourceVersion"]:
+            raise api_error(409, "the object has been modified; please apply your changes to the latest version")
+        body = copy.deepcopy(body)
+        body.get("metadata", {}).pop("resourceVersion", None)
+        _merge(doc, body)
+        self._bump(doc)
+        return _answer(copy.deepcopy(doc), kwargs)
+
+
 # --------------------------------------------------------------------------- helpers
 
 
@@ -425,8 +487,13 @@ def batch() -> FakeBatchV1Api:
 
 
 @pytest.fixture
-def backend(core: FakeCoreV1Api, batch: FakeBatchV1Api) -> KubernetesBackend:
-    return KubernetesBackend(core, batch)  # type: ignore[arg-type]
+def custom(batch: FakeBatchV1Api) -> FakeCustomObjectsApi:
+    return FakeCustomObjectsApi(batch)
+
+
+@pytest.fixture
+def backend(core: FakeCoreV1Api, batch: FakeBatchV1Api, custom: FakeCustomObjectsApi) -> KubernetesBackend:
+    return KubernetesBackend(core, batch, custom=custom)  # type: ignore[arg-type]
 
 
 def req(action: ActionName, target: str, verdict: str = "v-1", reason: str = "xid 79", **params: Any) -> ActionRequest:
@@ -660,7 +727,8 @@ async def test_requeue_deletes_only_failed_and_excluded_pods_then_is_already_so(
 
 async def test_requeue_a_jobset_in_the_default_job_namespace(core: FakeCoreV1Api, batch: FakeBatchV1Api) -> None:
     backend = KubernetesBackend(
-        core, batch, job_namespace="ml", job_label_key=JOBSET_NAME_LABEL  # type: ignore[arg-type]
+        core, batch, job_namespace="ml", job_label_key=JOBSET_NAME_LABEL,  # type: ignore[arg-type]
+        custom=FakeCustomObjectsApi(batch),  # type: ignore[arg-type]
     )
     _job_pods(core, key=JOBSET_NAME_LABEL)
     assert (await backend.apply(req(ActionName.requeue, "train", exclude=["n3"]))).outcome is Outcome.applied
@@ -683,12 +751,13 @@ async def test_retry_and_restart_delete_failed_pods_only(backend: KubernetesBack
     assert (await backend.apply(req(ActionName.restart, "ml/train"))).outcome is Outcome.already_so
 
 
-async def test_stop_suspends_the_job_once(backend: KubernetesBackend, batch: FakeBatchV1Api) -> None:
+async def test_stop_suspends_the_job_once(backend: KubernetesBackend, batch: FakeBatchV1Api,
+                                          custom: FakeCustomObjectsApi) -> None:
     batch.add_job("ml", "train")
     assert (await backend.apply(req(ActionName.stop, "ml/train"))).outcome is Outcome.applied
     assert batch.job("ml", "train").spec.suspend is True
     assert (await backend.apply(req(ActionName.stop, "ml/train"))).outcome is Outcome.already_so
-    assert len(batch.calls_to("patch_namespaced_job")) == 1
+    assert len(custom.calls_to("patch_namespaced_custom_object")) == 1
 
 
 async def test_stop_a_finished_job_is_already_so_and_an_unknown_one_permanent(
@@ -860,3 +929,142 @@ async def test_from_config_sets_client_retries_and_maps_a_refused_connection(tmp
             await backend.apply(req(ActionName.isolate, "n1"))
     finally:
         await backend.close()
+
+
+# --------------------------------------------------------------------------- workloads by owner kind
+
+from pathlib import Path  # noqa: E402
+
+import yaml  # noqa: E402
+
+from actuators.base import Waiting  # noqa: E402
+
+#: upstream's own PyTorchJob example (tests/fixtures/kubeflow/README.md)
+PYTORCH_SIMPLE = yaml.safe_load(
+    (Path(__file__).parents[2] / "fixtures" / "kubeflow" / "pytorch-simple.yaml").read_text())
+
+
+def _pytorchjob(custom: FakeCustomObjectsApi, core: FakeCoreV1Api, *, ns: str = "ml", name: str = "llama",
+                labels: dict[str, str] | None = None, nodes: tuple[str, ...] = ("n1", "n2")) -> dict[str, Any]:
+    doc = copy.deepcopy(PYTORCH_SIMPLE)
+    doc["metadata"] = {"name": name, "namespace": ns, "labels": dict(labels or {})}
+    custom.add(doc, "pytorchjobs")
+    for i, (rtype, node) in enumerate(zip(("master", "worker"), nodes)):
+        core.add_pod(ns, f"{name}-{rtype}-0", node, labels={"training.kubeflow.org/job-name": name,
+                                                            "training.kubeflow.org/replica-type": rtype})
+        core.pods[(ns, f"{name}-{rtype}-0")]["metadata"]["ownerReferences"] = [
+            {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": name, "uid": doc["metadata"]["uid"],
+             "controller": True, "blockOwnerDeletion": True}]
+    return doc
+
+
+async def test_a_pytorchjob_is_requeued_by_suspending_it_with_the_nodes_excluded_then_resuming(
+    backend: KubernetesBackend, core: FakeCoreV1Api, custom: FakeCustomObjectsApi
+) -> None:
+    doc = _pytorchjob(custom, core)
+    with pytest.raises(Waiting, match="suspended"):
+        await backend.apply(req(ActionName.requeue, "ml/llama", exclude=["n2"]))
+    assert doc["spec"]["runPolicy"]["suspend"] is True
+    for rtype in ("Master", "Worker"):
+        terms = doc["spec"]["pytorchReplicaSpecs"][rtype]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                                "values": ["n2"]}]}]
+        assert doc["spec"]["pytorchReplicaSpecs"][rtype]["restartPolicy"] == "OnFailure"  # kept
+    assert core.deleted == []  # fleetmedic deletes none of the operator's pods
+    # the operator has not stopped its pods yet: still waiting, nothing resumed
+    with pytest.raises(Waiting, match="2 of its pods"):
+        await backend.apply(req(ActionName.requeue, "ml/llama", exclude=["n2"]))
+    assert doc["spec"]["runPolicy"]["suspend"] is True
+    for rtype in ("master", "worker"):  # the training operator deletes a suspended job's pods
+        del core.pods[("ml", f"llama-{rtype}-0")]
+    done = await backend.apply(req(ActionName.requeue, "ml/llama", exclude=["n2"]))
+    assert done.outcome is Outcome.applied and "n2" in done.detail
+    assert doc["spec"]["runPolicy"]["suspend"] is False
+    assert doc["metadata"]["annotations"]["fleetmedic.io/requeue"] == "v-1:resumed"
+    again = await backend.apply(req(ActionName.requeue, "ml/llama", exclude=["n2"]))
+    assert again.outcome is Outcome.already_so
+    assert any(e["reason"] == "FleetmedicRequeue" and e["involvedObject"]["kind"] == "PyTorchJob"
+               for e in core.events.values())
+
+
+async def test_a_failed_pytorchjob_is_not_resurrected(
+    backend: KubernetesBackend, core: FakeCoreV1Api, custom: FakeCustomObjectsApi
+) -> None:
+    doc = _pytorchjob(custom, core)
+    for rtype in ("Master", "Worker"):
+        doc["spec"]["pytorchReplicaSpecs"][rtype]["restartPolicy"] = "Never"
+    doc["status"] = {"conditions": [{"type": "Failed", "status": "True", "reason": "PyTorchJobFailed"}]}
+    with pytest.raises(PermanentError, match=r"restart policy \(Master: Never, Worker: Never\).*resubmit"):
+        await backend.apply(req(ActionName.requeue, "ml/llama", exclude=["n2"]))
+    assert "runPolicy" not in doc["spec"]
+
+
+async def test_an_owner_of_an_unknown_kind_is_named_and_nothing_changes(
+    backend: KubernetesBackend, core: FakeCoreV1Api, batch: FakeBatchV1Api
+) -> None:
+    # a batch Job that a JobSet owns: fleetmedic does not requeue JobSets by owner
+    batch.add_job("ml", "train-workers-0")
+    batch.jobs[("ml", "train-workers-0")]["metadata"]["ownerReferences"] = [
+        {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "train", "uid": "u-js",
+         "controller": True}]
+    core.add_pod("ml", "train-workers-0-0", "n1", phase="Failed", labels={"job-name": "train-workers-0"})
+    core.pods[("ml", "train-workers-0-0")]["metadata"]["ownerReferences"] = [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "train-workers-0", "uid": "uid-job-train-workers-0",
+         "controller": True}]
+    with pytest.raises(PermanentError, match=r"owned by JobSet train \(jobset.x-k8s.io/v1alpha2\).*nothing"):
+        await backend.apply(req(ActionName.requeue, "ml/train-workers-0", exclude=["n1"]))
+    assert core.deleted == []
+
+
+async def test_a_kueue_job_is_requeued_through_its_workload(
+    backend: KubernetesBackend, core: FakeCoreV1Api, batch: FakeBatchV1Api, custom: FakeCustomObjectsApi
+) -> None:
+    batch.add_job("ml", "train", labels={"kueue.x-k8s.io/queue-name": "team-a"})
+    job = batch.jobs[("ml", "train")]
+    job["status"]["startTime"] = "2026-12-01T00:00:00Z"
+    wl = custom.add({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": {
+        "name": "job-train-abcde", "namespace": "ml", "labels": {"kueue.x-k8s.io/job-uid": "uid-job-train"},
+        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "uid-job-train",
+                             "controller": True}]}, "spec": {"active": True}}, "workloads")
+    with pytest.raises(Waiting, match="Workload deactivated"):
+        await backend.apply(req(ActionName.requeue, "ml/train", exclude=["n1"]))
+    assert wl["spec"]["active"] is False
+    assert "affinity" not in job["spec"]["template"]["spec"]  # not while Kueue has not suspended it
+    with pytest.raises(Waiting, match="suspend"):
+        await backend.apply(req(ActionName.requeue, "ml/train", exclude=["n1"]))
+    job["spec"]["suspend"] = True  # Kueue suspends it; the Job controller stops its pods
+    with pytest.raises(Waiting, match="pods still to stop"):  # startTime still set: template not mutable yet
+        await backend.apply(req(ActionName.requeue, "ml/train", exclude=["n1"]))
+    del job["status"]["startTime"]
+    with pytest.raises(Waiting, match="excluded"):
+        await backend.apply(req(ActionName.requeue, "ml/train", exclude=["n1"]))
+    expr = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"]
+    assert expr == [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1"]}]
+    done = await backend.apply(req(ActionName.requeue, "ml/train", exclude=["n1"]))
+    assert done.outcome is Outcome.applied and "Kueue" in done.detail
+    assert wl["spec"]["active"] is True
+    assert job["spec"]["suspend"] is True  # Kueue, not fleetmedic, lets it run again on admission
+    assert (await backend.apply(req(ActionName.requeue, "ml/train", exclude=["n1"]))).outcome is Outcome.already_so
+
+
+async def test_checkpoint_annotates_the_live_pods_and_the_owner_once(
+    backend: KubernetesBackend, core: FakeCoreV1Api, custom: FakeCustomObjectsApi
+) -> None:
+    doc = _pytorchjob(custom, core)
+    core.add_pod("ml", "llama-worker-old", "n3", phase="Failed",
+                 labels={"training.kubeflow.org/job-name": "llama"})
+    got = await backend.apply(req(ActionName.checkpoint, "ml/llama", deadline=1796601723.0, node="n2"))
+    assert got.outcome is Outcome.applied
+    want = "2026-12-07T00:02:03Z"
+    assert doc["metadata"]["annotations"]["fleetmedic.io/checkpoint-requested"] == want
+    annotated = {n for (_, n), p in core.pods.items()
+                 if (p["metadata"].get("annotations") or {}).get("fleetmedic.io/checkpoint-requested") == want}
+    assert annotated == {"llama-master-0", "llama-worker-0"}
+    again = await backend.apply(req(ActionName.checkpoint, "ml/llama", deadline=1796601723.0, node="n2"))
+    assert again.outcome is Outcome.already_so
+    later = await backend.apply(req(ActionName.checkpoint, "ml/llama", verdict="v-2", deadline=1796602000.0))
+    assert later.outcome is Outcome.applied  # a new deadline is a new request
+    with pytest.raises(PermanentError, match="deadline"):
+        await backend.apply(req(ActionName.checkpoint, "ml/llama", deadline="soon"))

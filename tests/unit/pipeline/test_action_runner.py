@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from actuators import ActionRequest, ActionResult, CircuitBreaker, RetryPolicy, TemporaryError
+from actuators import ActionRequest, ActionResult, CircuitBreaker, RetryPolicy, TemporaryError, Waiting
 from pipeline.actuate.core import ActionRunner, Actuation, Work
 from schemas import ActionName, ActionRecord, Outcome
 
@@ -334,3 +334,35 @@ async def test_while_an_isolation_runs_no_drain_or_diagnosis_starts_but_one_wait
 async def _settle_started() -> None:
     for _ in range(20):
         await asyncio.sleep(0)
+
+
+class ControllerBackend(GatedBackend):
+    """A requeue that waits on a controller: ``Waiting`` until ``ready`` tries have passed."""
+
+    def __init__(self, ready: int) -> None:
+        super().__init__()
+        self.gate.set()
+        self.ready = ready
+
+    async def apply(self, request: ActionRequest) -> ActionResult:
+        self.calls.append((request.action.value, request.target))
+        if len(self.calls) < self.ready:
+            raise Waiting(f"{request.target}: 2 of its pods still to stop", delay=1.0)
+        return ActionResult(Outcome.applied, "resumed")
+
+
+@pytest.mark.parametrize(("ready", "wait_s", "outcome"), [(8, 600.0, Outcome.applied), (50, 20.0, Outcome.failed)])
+async def test_an_action_waiting_on_a_controller_is_patient_past_max_attempts_until_the_wait(
+        ready: int, wait_s: float, outcome: Outcome) -> None:
+    backend, clock = ControllerBackend(ready), Clock()
+    act, runner, reports = _setup(backend, clock, drain_wait_s=wait_s)  # type: ignore[arg-type]
+    await _plan(act, runner, [("requeue", "ml/llama")], "v-kueue", 1, "ml/llama")
+    while runner.pending:
+        clock.t = max(clock.t, runner.next_due() or clock.t)
+        runner.start_due(clock())
+        await _settle(runner)
+    [end] = [got for _, got in reports if isinstance(got, ActionRecord)]
+    assert end.outcome is outcome
+    assert end.attempts > act.retry.max_attempts  # not cut off at max_attempts
+    if outcome is Outcome.failed:
+        assert "pods still to stop" in end.detail

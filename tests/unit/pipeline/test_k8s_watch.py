@@ -202,3 +202,12 @@ def test_watch_resumes_from_the_last_resource_version_and_relists_only_on_410() 
     assert len(lists) == 2 and loop.lists == 2
     assert seen[:3] == [("ADDED", "u1"), ("MODIFIED", "u1"), ("ADDED", "u2")]
     assert loop.errors >= 1
+
+
+def test_a_pytorchjob_pod_is_its_jobs_by_the_training_operator_label() -> None:
+    # the labels training-operator v1.8 puts on a PyTorchJob's pods (pkg/controller.v1/common)
+    p = pod("u1", "Running")
+    p.metadata.labels = {"training.kubeflow.org/job-name": "llama", "training.kubeflow.org/replica-type": "worker",
+                         "training.kubeflow.org/replica-index": "0",
+                         "training.kubeflow.org/operator-name": "pytorchjob-controller"}
+    assert job_of_pod(p) == "ml/llama"

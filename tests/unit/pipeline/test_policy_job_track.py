@@ -204,7 +204,12 @@ def test_a_degrading_node_moves_the_job_at_its_next_checkpoint(cfg) -> None:
     hist = _running(cfg)
     notice = job_notice(JOB, "node-0002", "node_degrading", T0 + 10, incident="inc-sbe",
                         fault_class=FaultClass.node_degrading)
-    assert job_on_notice(hist, notice, cfg, WALL).verdicts == []
+    asked = job_on_notice(hist, notice, cfg, WALL)
+    v, a = _only(asked)  # checkpoint-now: the job is asked to save its state before the node is taken
+    assert (a.action, a.target) == (ActionName.checkpoint, JOB)
+    assert a.params["deadline"] == T0 + 10 + cfg.checkpoint_deadline_s and a.params["node"] == "node-0002"
+    assert (v.incident, v.ts) == ("inc-sbe", T0 + 10)
+    assert asked.tick_ts == T0 + 10 + cfg.checkpoint_deadline_s  # the deadline comes as a tick
     progress = job_on_event(hist, job_event(JOB, "progress", T0 + 20, nodes=NODES, step=100), cfg, WALL)
     assert progress.verdicts == []
     d = job_on_event(hist, job_event(JOB, "checkpoint", T0 + 60, nodes=NODES, step=120, checkpoint_step=120),
@@ -214,13 +219,68 @@ def test_a_degrading_node_moves_the_job_at_its_next_checkpoint(cfg) -> None:
     assert a.params["exclude"] == ["node-0002"] and a.params["from_checkpoint"] is True
     assert v.incident == "inc-sbe"
     assert v.evidence["checkpoint"]["step"] == 120
+    # the node's owner hears that the job left (it drains the node once no job is left on it)
+    [moved] = d.node_notices
+    assert (moved.node, moved.kind, moved.job, moved.signature) == ("node-0002", "job_moved", JOB, "inc-sbe")
+    # the deadline passing later changes nothing
+    assert job_on_tick(hist, cfg, WALL + 1, T0 + 10 + cfg.checkpoint_deadline_s + 1).verdicts == []
+
+
+def test_without_checkpoint_now_a_degrading_node_waits_for_the_next_scheduled_checkpoint(cfg) -> None:
+    cfg = cfg.model_copy(update={"checkpoint_now": False})
+    hist = _running(cfg)
+    notice = job_notice(JOB, "node-0002", "node_degrading", T0 + 10, incident="inc-sbe",
+                        fault_class=FaultClass.node_degrading)
+    assert job_on_notice(hist, notice, cfg, WALL).verdicts == []
+    d = job_on_event(hist, job_event(JOB, "checkpoint", T0 + 60, nodes=NODES, checkpoint_step=120), cfg, WALL)
+    assert _only(d)[1].action is ActionName.requeue
+
+
+def test_the_checkpoint_deadline_moves_the_job_on_a_tick_without_any_job_event(cfg) -> None:
+    hist = _running(cfg)
+    job_on_event(hist, job_event(JOB, "checkpoint", T0 + 5, nodes=NODES, checkpoint_step=40), cfg, WALL)
+    notice = job_notice(JOB, "node-0002", "node_degrading", T0 + 10, incident="inc-thermal",
+                        fault_class=FaultClass.node_degrading)
+    job_on_notice(hist, notice, cfg, WALL)
+    deadline = T0 + 10 + cfg.checkpoint_deadline_s
+    # our own request coming back on telemetry.job is not an answer
+    req = job_event(JOB, "checkpoint_requested", T0 + 11, nodes=NODES, checkpoint_deadline=deadline)
+    assert job_on_event(hist, req, cfg, WALL).verdicts == []
+    assert job_on_tick(hist, cfg, WALL + 1, deadline - 1).verdicts == []
+    d = job_on_tick(hist, cfg, WALL + 2, deadline + 30)
+    v, a = _only(d)
+    assert (a.action, a.params["exclude"], a.params["from_checkpoint"]) == (ActionName.requeue, ["node-0002"], True)
+    assert v.ts == deadline  # stamped with the deadline (event time), whatever the tick's watermark
+    assert v.evidence["checkpoint"]["step"] == 40 and "deadline" in v.evidence["reason"]
+    assert [n.kind for n in d.node_notices] == ["job_moved"]
+    assert job_on_tick(hist, cfg, WALL + 3, deadline + 60).verdicts == []
+
+
+def test_the_checkpoint_deadline_also_holds_in_wall_time_when_telemetry_stalls(cfg) -> None:
+    hist = _running(cfg)
+    notice = job_notice(JOB, "node-0002", "node_degrading", T0 + 10, incident="inc-thermal",
+                        fault_class=FaultClass.node_degrading)
+    asked = job_on_notice(hist, notice, cfg, WALL)
+    assert asked.tick_at == WALL + cfg.checkpoint_deadline_s
+    assert job_on_tick(hist, cfg, WALL + cfg.checkpoint_deadline_s - 1, T0 + 20).verdicts == []
+    v, a = _only(job_on_tick(hist, cfg, WALL + cfg.checkpoint_deadline_s, T0 + 20))
+    assert a.action is ActionName.requeue and v.ts == T0 + 20
+
+
+def test_a_job_that_ends_before_its_deadline_is_not_moved(cfg) -> None:
+    hist = _running(cfg)
+    notice = job_notice(JOB, "node-0002", "node_degrading", T0 + 10, incident="inc-thermal",
+                        fault_class=FaultClass.node_degrading)
+    job_on_notice(hist, notice, cfg, WALL)
+    job_on_event(hist, job_event(JOB, "completed", T0 + 30, nodes=NODES), cfg, WALL)
+    assert job_on_tick(hist, cfg, WALL + 1, T0 + 10 + cfg.checkpoint_deadline_s).verdicts == []
 
 
 def test_a_degrading_node_moves_the_job_when_the_checkpoint_deadline_passes(cfg) -> None:
     hist = _running(cfg)
     notice = job_notice(JOB, "node-0002", "node_degrading", T0 + 10, incident="inc-thermal",
                         fault_class=FaultClass.node_degrading)
-    job_on_notice(hist, notice, cfg, WALL)
+    assert _only(job_on_notice(hist, notice, cfg, WALL))[1].action is ActionName.checkpoint
     before = job_on_event(hist, job_event(JOB, "progress", T0 + 10 + cfg.checkpoint_deadline_s - 1, nodes=NODES),
                           cfg, WALL)
     assert before.verdicts == []
@@ -399,3 +459,19 @@ def test_a_fault_on_a_node_the_job_left_or_a_finished_job_moves_nothing(cfg) -> 
     job_on_event(hist, job_event(JOB, "completed", T0 + 6, nodes=NODES), cfg, WALL)
     assert job_on_notice(hist, job_notice(JOB, "node-0001", "node_fault", T0 + 7), cfg, WALL).tick_ts is None
     assert job_on_tick(hist, cfg, WALL + 99, T0 + 99).verdicts == []
+
+
+def test_a_checkpoint_answering_the_request_counts_whatever_attempt_it_names(cfg) -> None:
+    # a job's replaced pod cannot know which attempt the watcher counts: its ack says 1
+    hist = _running(cfg, attempt=3)
+    notice = job_notice(JOB, "node-0002", "node_degrading", T0 + 10, incident="inc-sbe",
+                        fault_class=FaultClass.node_degrading)
+    job_on_notice(hist, notice, cfg, WALL)
+    stale = job_on_event(hist, job_event(JOB, "checkpoint", T0 + 5, nodes=NODES, attempt=1, checkpoint_step=7),
+                         cfg, WALL)
+    assert stale.verdicts == []  # saved before the request: a late record of an older attempt
+    d = job_on_event(hist, job_event(JOB, "checkpoint", T0 + 40, nodes=NODES, attempt=1, checkpoint_step=90),
+                     cfg, WALL)
+    v, a = _only(d)
+    assert a.action is ActionName.requeue and a.params["attempt"] == 3
+    assert v.evidence["checkpoint"]["step"] == 90

@@ -332,3 +332,33 @@ def test_a_node_state_kept_in_the_older_one_job_shape_is_read_as_today(cfg) -> N
             "failed_jobs": [], "returns": [], "incident": None, "fault_class": None}
     assert [n.job for n in node_on_anomaly(load_node(old2), critical_gpu_lost(NODE, T0 - 50), cfg).job_notices] == \
         ["job-z"]
+
+
+def test_a_degrading_node_is_drained_once_every_job_on_it_moved_off_at_its_checkpoint(cfg) -> None:
+    h = new_node()
+    for j in ("job-a", "job-b"):
+        node_on_notice(h, node_notice(NODE, "placed", j, ts=T0), cfg)
+    for i in range(3):
+        d = node_on_anomaly(h, _warning(T0 + 10 + i), cfg)
+    [v] = d.verdicts
+    assert ActionName.drain not in _actions(v)  # the jobs first save their state
+    incident = v.incident
+    first = node_on_notice(h, node_notice(NODE, "job_moved", "job-a", ts=T0 + 40, reason="checkpoint reached",
+                                          signature=incident), cfg)
+    assert first.verdicts == []  # job-b is still saving: no drain under it
+    last = node_on_notice(h, node_notice(NODE, "job_moved", "job-b", ts=T0 + 70,
+                                         reason="no checkpoint by the deadline", signature=incident), cfg)
+    [drain] = last.verdicts
+    assert _actions(drain) == [ActionName.drain] and drain.actions[0].target == NODE
+    assert (drain.incident, drain.ts, drain.fault_class) == (incident, T0 + 70, FaultClass.node_degrading)
+    assert drain.evidence["jobs"] == ["job-a", "job-b"]
+    assert h["state"] == ISOLATED
+
+
+def test_a_job_moved_notice_of_another_incident_or_a_healthy_node_drains_nothing(cfg) -> None:
+    h = _placed(cfg)
+    assert node_on_notice(h, node_notice(NODE, "job_moved", JOB, ts=T0, signature="inc-x"), cfg).verdicts == []
+    for i in range(3):
+        node_on_anomaly(h, _warning(T0 + 10 + i), cfg)
+    assert node_on_notice(h, node_notice(NODE, "job_moved", JOB, ts=T0 + 20, signature="inc-other"),
+                          cfg).verdicts == []
