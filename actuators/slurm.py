@@ -1,4 +1,5 @@
-"""Slurm backend: drain, resume, requeue with exclusions, diagnostics, through ``scontrol``.
+"""Slurm backend: drain, resume, requeue with exclusions, diagnostics, checkpoint-now,
+through ``scontrol`` and ``scancel``.
 
 Every operation observes the controller first (``scontrol show node|job -o``), compares
 with what the action wants, and acts only if needed; "already so" is success.  Errors
@@ -25,6 +26,7 @@ import logging
 import math
 import os
 import shlex
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,6 +51,12 @@ TEMPORARY_MARKERS = (
     "job is pending execution",
 )
 PERMANENT_MARKERS = ("invalid node name", "invalid job id", "access/permission denied", "invalid user")
+#: the signal that asks a job to checkpoint now (sites use it with ``--signal=B:USR1@N``)
+CHECKPOINT_SIGNAL = "USR1"
+#: marks a checkpoint request in a job's AdminComment: ``fleetmedic-checkpoint:<verdict>@<deadline>``
+CHECKPOINT_MARK = "fleetmedic-checkpoint:"
+#: checkpoint marks kept in one AdminComment (the oldest go first)
+CHECKPOINT_MARKS_KEPT = 4
 TERMINAL_JOB_STATES = frozenset(
     {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
 )
@@ -174,6 +182,8 @@ class SlurmBackend:
             return await self._requeue(request)
         if a is ActionName.stop:
             return await self._cancel(request)
+        if a is ActionName.checkpoint:
+            return await self._checkpoint(request)
         raise PermanentError(f"slurm backend cannot {a.value}")
 
     # ------------------------------------------------------------------ nodes
@@ -400,3 +410,73 @@ class SlurmBackend:
             return ActionResult(Outcome.already_so, f"job {jid} has ended ({state}); it stays stopped")
         await self.run("scancel", jid)
         return ActionResult(Outcome.applied, f"cancelled job {jid} (was {state})")
+
+    @staticmethod
+    def checkpoint_mark(verdict_id: str, deadline: float) -> str:
+        """The AdminComment word recording that ``verdict_id`` asked for a checkpoint
+        (no spaces, no ``=``: ``scontrol show job -o`` stays one ``Key=Value`` line)."""
+        vid = "".join("_" if c.isspace() or c in "=;" else c for c in verdict_id)
+        return f"{CHECKPOINT_MARK}{vid}@{deadline:.0f}"
+
+    async def _checkpoint(self, req: ActionRequest) -> ActionResult:
+        """checkpoint: ask a running job to save its state now, with ``SIGUSR1`` to its
+        batch shell (``scancel --signal=USR1 --batch``), by ``params["deadline"]``.
+
+        Observe: the job (``scontrol show job``); an unknown job is a permanent error.
+        Compare: a job that is not RUNNING has nothing to save, and one no longer on the
+        degrading node (``params["node"]``) need not save for it: both ``already_so``, with
+        why. A request this verdict already made is ``already_so`` too: the signal is
+        recorded in the job's AdminComment (``fleetmedic-checkpoint:<verdict>@<deadline>``,
+        the last few kept, anything else there left as it is). Signalling again is not
+        harmless: each USR1 is a new request to the job (``fleetmedic.client`` reports
+        every new signal), so a verdict replayed after a crash would cost a second
+        checkpoint of a model that may take minutes to write. The AdminComment is the
+        administrators' field (the user's Comment stays theirs, and the watcher reads
+        ``diagnostics_for=`` there), it is kept across requeues, and it shows in
+        ``scontrol show job`` for whoever wonders why the job saved.
+        Act: signal first, record second: a failure between the two signals again on the
+        retry (at least once), never records a signal that was not sent.
+
+        ``--batch`` signals the batch shell alone; the script traps USR1 and forwards it
+        (or ``exec``\\s the trainer). A shell that does not trap USR1 ends on it: the job
+        fails and is requeued from its last checkpoint, which is what moving it off the
+        node without checkpoint-now does, a little sooner.
+        """
+        jid = job_id(req.target)
+        try:
+            deadline = float(req.params["deadline"])
+        except (KeyError, TypeError, ValueError):
+            raise PermanentError(f"checkpoint of job {jid} needs a deadline (Unix seconds), "
+                                 f"got {req.params.get('deadline')!r}") from None
+        info = await self.show_job(jid)
+        state = info.get("JobState", "")
+        if state != "RUNNING":
+            why = "it has ended" if state in TERMINAL_JOB_STATES else "it is not running"
+            return ActionResult(Outcome.already_so, f"job {jid} is {state}: {why}, nothing to save")
+        node = req.params.get("node")
+        nodes = expand_hostlist(info.get("NodeList", ""))
+        if node and node not in nodes:
+            return ActionResult(Outcome.already_so, f"job {jid} no longer runs on {node} "
+                                                    f"({info.get('NodeList', '')}); nothing to save for it")
+        mark = self.checkpoint_mark(req.verdict_id, deadline)
+        comment = info.get("AdminComment", "")
+        # "; " between entries: what others wrote there stays as they wrote it
+        words = [w for w in comment.split("; ") if w] if comment not in ("", "(null)") else []
+        if any(w.startswith(f"{mark.rsplit('@', 1)[0]}@") for w in words):
+            return ActionResult(Outcome.already_so, f"job {jid} was already asked to checkpoint by this verdict "
+                                                    f"(AdminComment {comment})")
+        sent = await self.run("scancel", f"--signal={CHECKPOINT_SIGNAL}", "--batch", jid, check=False)
+        if sent.rc != 0:
+            now = await self.show_job(jid)  # it may have ended since it was observed
+            if now.get("JobState") != "RUNNING":
+                return ActionResult(Outcome.already_so, f"job {jid} is {now.get('JobState')}: it ended before "
+                                                        "the signal, nothing to save")
+            raise self._error(["scancel", f"--signal={CHECKPOINT_SIGNAL}", "--batch", jid], sent)
+        ours = [w for w in words if w.startswith(CHECKPOINT_MARK)]
+        kept = [w for w in words if not w.startswith(CHECKPOINT_MARK)] + ours[-(CHECKPOINT_MARKS_KEPT - 1):] + [mark]
+        res = await self.run("scontrol", "update", f"JobId={jid}", f"AdminComment={'; '.join(kept)}", check=False)
+        noted = "" if res.rc == 0 else f" (not recorded in its AdminComment: {(res.err or res.out).strip()[:200]})"
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline))
+        return ActionResult(Outcome.applied, f"sent SIG{CHECKPOINT_SIGNAL} to job {jid}'s batch shell "
+                                             f"on {info.get('BatchHost', '?')}: checkpoint by {when} "
+                                             f"(deadline {deadline:.0f}){noted}")
