@@ -3,7 +3,8 @@
 # slurmctld and several slurmd (one per simulated node, `slurmd -N <node>`),
 # everything (config, munge key, sockets, spool, state, logs, pids) under the
 # state dir; nothing is written to /etc. Installs slurm-wlm and munge via apt
-# when the daemons are missing.
+# when the daemons are missing. With FLEETMEDIC_SLURM_ACCOUNTING=1 also a
+# MariaDB server and slurmdbd, so that sacct works.
 #
 # Usage: deploy/slurm.sh {start|stop|status|env|reset|help}
 # See `deploy/slurm.sh help` for the environment variables and
@@ -21,6 +22,7 @@ FLEETMEDIC_SLURM_CRED_EXPIRE="${FLEETMEDIC_SLURM_CRED_EXPIRE:-10}"
 FLEETMEDIC_SLURM_MIN_JOB_AGE="${FLEETMEDIC_SLURM_MIN_JOB_AGE:-120}"
 FLEETMEDIC_SLURM_START_TIMEOUT="${FLEETMEDIC_SLURM_START_TIMEOUT:-60}"
 FLEETMEDIC_SLURM_STOP_TIMEOUT="${FLEETMEDIC_SLURM_STOP_TIMEOUT:-30}"
+FLEETMEDIC_SLURM_ACCOUNTING="${FLEETMEDIC_SLURM_ACCOUNTING:-0}"
 STOP_TIMEOUT="$FLEETMEDIC_SLURM_STOP_TIMEOUT"  # read by terminate (deploy/lib.sh)
 
 STATE_DIR="$STATE_ROOT/slurm"
@@ -39,6 +41,15 @@ SPOOL_DIR="$STATE_DIR/spool"
 SAVE_DIR="$STATE_DIR/state"
 CTLD_PID="$RUN_DIR/slurmctld.pid"
 CTLD_LOG="$LOG_DIR/slurmctld.log"
+# accounting (FLEETMEDIC_SLURM_ACCOUNTING=1): MariaDB's data, slurmdbd.conf
+# (slurmdbd reads it from the directory of SLURM_CONF), the database password
+DB_DIR="$STATE_DIR/db"
+DB_PID="$RUN_DIR/mariadbd.pid"
+DB_LOG="$LOG_DIR/mariadbd.log"
+DB_PASS_FILE="$STATE_DIR/db.pass"
+DBD_CONF="$STATE_DIR/slurmdbd.conf"
+DBD_PID="$RUN_DIR/slurmdbd.pid"
+DBD_LOG="$LOG_DIR/slurmdbd.log"
 # Marker in the daemons' environment; slurmstepd inherits it from slurmd, so
 # `stop` can find this cluster's step daemons.
 MARKER="FLEETMEDIC_SLURM_CLUSTER=$STATE_DIR"
@@ -59,7 +70,8 @@ Usage: deploy/slurm.sh COMMAND
 A local Slurm 22.05 cluster on 127.0.0.1 for tests and demos: munged,
 slurmctld and one slurmd per node (nodes n1..nN, \`slurmd -N nX\`, each on
 its own port) in the default partition "$FLEETMEDIC_SLURM_PARTITION". Everything
-lives in the state dir; nothing is written to /etc. No accounting database.
+lives in the state dir; nothing is written to /etc. No accounting database
+unless FLEETMEDIC_SLURM_ACCOUNTING=1 (then a MariaDB server and slurmdbd too).
 
 Commands:
   start   install slurm-wlm + munge with apt if the daemons are missing,
@@ -72,9 +84,12 @@ Commands:
           just those and keeps jobs and node states. A fresh start of the
           controller keeps saved jobs but resumes nodes left drained/down and
           deletes reservations left by an earlier session (unless
-          FLEETMEDIC_SLURM_KEEP_NODE_STATE=1).
-  stop    cancel this cluster's jobs, then SIGTERM the slurmds, slurmctld and
-          munged (SIGKILL after \$FLEETMEDIC_SLURM_STOP_TIMEOUT s). Idempotent.
+          FLEETMEDIC_SLURM_KEEP_NODE_STATE=1). A cluster running with(out)
+          accounting when FLEETMEDIC_SLURM_ACCOUNTING asks otherwise is
+          restarted as asked.
+  stop    cancel this cluster's jobs, then SIGTERM the slurmds, slurmctld,
+          slurmdbd, mariadbd and munged (SIGKILL after
+          \$FLEETMEDIC_SLURM_STOP_TIMEOUT s). Idempotent.
   status  print "running SLURM_CONF=<path> ..." (exit 0), or "not running" /
           "partly running (<daemons up>) ..." (exit 3)
   env     print SLURM_CONF=<path> of the running cluster (exit 3 if none)
@@ -107,7 +122,14 @@ Environment (FLEETMEDIC_ prefix: Slurm's own commands read SLURM_* variables):
                                    requeued job may start again this long (+1 s)
                                    after the requeue (Slurm's default is 120)
   FLEETMEDIC_SLURM_MIN_JOB_AGE     s a finished job stays visible to squeue and
-                                   scontrol (default 120); no sacct
+                                   scontrol (default 120)
+  FLEETMEDIC_SLURM_ACCOUNTING      1: job accounting, so that sacct answers (jobs
+                                   and their steps: state, exit code, nodes,
+                                   start, end): a MariaDB server (data in db/, on
+                                   a free port of 127.0.0.1) and slurmdbd, both
+                                   installed with apt if missing. Default 0:
+                                   accounting_storage/none, sacct says "Slurm
+                                   accounting storage is disabled"
   FLEETMEDIC_SLURM_KEEP_NODE_STATE 1: keep DRAIN/DOWN node states and reservations
                                    saved by an earlier session (default: cleared)
   FLEETMEDIC_SLURM_START_TIMEOUT   s to wait for the cluster (default 60)
@@ -119,7 +141,10 @@ then \${TMPDIR:-/tmp}/fleetmedic-munge-<hash>/), log/ (slurmctld.log,
 slurmd-nX.log, jobcomp.log: one line per finished or requeued job, *.out),
 run/ (pid files), spool/nX/ (slurmd spool; reached through the symlink
 \${TMPDIR:-/tmp}/fleetmedic-spool-<hash> when the path is too long),
-state/ (StateSaveLocation: jobs, node states, reservations).
+state/ (StateSaveLocation: jobs, node states, reservations); with
+accounting also slurmdbd.conf, db.pass, db/ (MariaDB's data; its socket in
+run/ or \${TMPDIR:-/tmp}/fleetmedic-mysql-<hash>/), log/mariadbd.log and
+log/slurmdbd.log.
 EOF
 }
 
@@ -130,15 +155,31 @@ ensure_installed() {
     for b in slurmctld slurmd munged scontrol sinfo squeue sbatch; do
         command -v "$b" >/dev/null || missing+=("$b")
     done
-    [[ ${#missing[@]} -eq 0 ]] && return 0
-    log "missing ${missing[*]}: installing slurm-wlm and munge with apt-get ..."
-    local start=$SECONDS
-    apt_install slurm-wlm munge
-    for b in slurmctld slurmd munged scontrol; do
-        command -v "$b" >/dev/null || die "$b still missing after installing slurm-wlm and munge"
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        log "missing ${missing[*]}: installing slurm-wlm and munge with apt-get ..."
+        local start=$SECONDS
+        apt_install slurm-wlm munge
+        for b in slurmctld slurmd munged scontrol; do
+            command -v "$b" >/dev/null || die "$b still missing after installing slurm-wlm and munge"
+        done
+        log "installed slurm-wlm $(dpkg-query -W -f='${Version}' slurm-wlm 2>/dev/null || echo '?') in $((SECONDS - start)) s"
+    fi
+    accounting || return 0
+    missing=()
+    for b in slurmdbd sacctmgr mariadbd mariadb-install-db mariadb; do
+        command -v "$b" >/dev/null || missing+=("$b")
     done
-    log "installed slurm-wlm $(dpkg-query -W -f='${Version}' slurm-wlm 2>/dev/null || echo '?') in $((SECONDS - start)) s"
+    [[ ${#missing[@]} -eq 0 ]] && return 0
+    log "missing ${missing[*]}: installing slurmdbd and mariadb-server with apt-get ..."
+    local start=$SECONDS
+    apt_install slurmdbd mariadb-server
+    for b in slurmdbd mariadbd mariadb-install-db mariadb; do
+        command -v "$b" >/dev/null || die "$b still missing after installing slurmdbd and mariadb-server"
+    done
+    log "installed slurmdbd and mariadb-server $(dpkg-query -W -f='${Version}' mariadb-server 2>/dev/null || echo '?') in $((SECONDS - start)) s"
 }
+
+accounting() { [[ "$FLEETMEDIC_SLURM_ACCOUNTING" == 1 ]]; }
 
 # ------------------------------------------------------------------ ports ---
 
@@ -184,6 +225,10 @@ pick_port() {
 choose_ports() {
     rm -f "$PORTS_FILE.new"
     pick_port slurmctld "${FLEETMEDIC_SLURMCTLD_PORT:-}"
+    if accounting; then
+        pick_port mariadbd ""
+        pick_port slurmdbd ""
+    fi
     local n i=0
     for n in $(node_names); do
         if [[ -n "${FLEETMEDIC_SLURMD_BASE_PORT:-}" ]]; then
@@ -203,6 +248,8 @@ port_of() { awk -v n="$1" '$1 == n { print $2 }' "$PORTS_FILE"; }
 munged_pid() { live_pid "$MUNGE_PID" "--key-file=$MUNGE_KEY"; }
 ctld_pid() { live_pid "$CTLD_PID" "$CONF"; }
 slurmd_pid() { live_pid "$RUN_DIR/slurmd-$1.pid" "$CONF"; }
+db_pid() { live_pid "$DB_PID" "--datadir=$DB_DIR"; }
+dbd_pid() { live_pid "$DBD_PID" slurmdbd; }
 
 
 # slurmstepd processes started by this cluster's slurmds (they inherit MARKER).
@@ -225,6 +272,18 @@ munge_socket_path() {
         h="$(printf '%s' "$STATE_DIR" | sha1sum | cut -c1-12)"
         sock="${TMPDIR:-/tmp}/fleetmedic-munge-$h/munge.socket"
         ((${#sock} <= 100)) || die "no usable munge socket path (TMPDIR too long)"
+    fi
+    printf '%s\n' "$sock"
+}
+
+# MariaDB's socket (only this script talks through it; slurmdbd uses TCP),
+# short enough for a Unix socket path
+db_socket_path() {
+    local sock="$RUN_DIR/mysqld.sock"
+    if ((${#sock} > 100)); then
+        local h
+        h="$(printf '%s' "$STATE_DIR" | sha1sum | cut -c1-12)"
+        sock="${TMPDIR:-/tmp}/fleetmedic-mysql-$h/mysqld.sock"
     fi
     printf '%s\n' "$sock"
 }
@@ -256,6 +315,15 @@ needs_force() {
 
 write_config() {
     local sock="$1" spool="$2" user n port gres_line="" gres_types=""
+    # slurmdbd is reached over TCP, authenticated by the munged named in
+    # AccountingStoragePass (AuthInfo's socket does not reach that connection)
+    local accounting_lines="AccountingStorageType=accounting_storage/none"
+    if accounting; then
+        accounting_lines="AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort=$(port_of slurmdbd)
+AccountingStoragePass=$sock"
+    fi
     user="$(id -un)"
     if ((FLEETMEDIC_SLURM_NODE_GPUS > 0)); then
         gres_types="GresTypes=gpu"
@@ -290,7 +358,7 @@ CommunicationParameters=NoAddrCache
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+$accounting_lines
 JobCompType=jobcomp/filetxt
 JobCompLoc=$LOG_DIR/jobcomp.log
 MpiDefault=none
@@ -371,8 +439,22 @@ nodes_idle() {
     ! sinfo -h -N -p "$FLEETMEDIC_SLURM_PARTITION" -o '%t' 2>/dev/null | grep -q '[*~#!%$@^-]$'
 }
 
+conf_has_accounting() { grep -q '^AccountingStorageType=accounting_storage/slurmdbd' "$CONF" 2>/dev/null; }
+
+# the accounting daemons that the config names are up
+accounting_up() {
+    conf_has_accounting || return 0
+    db_pid >/dev/null && dbd_pid >/dev/null
+}
+
+# the config has the accounting now asked for
+accounting_as_asked() {
+    if accounting; then conf_has_accounting; else ! conf_has_accounting; fi
+}
+
 is_running() {
     munged_pid >/dev/null || return 1
+    accounting_up || return 1
     ctld_pid >/dev/null || return 1
     local n
     for n in $(node_names); do slurmd_pid "$n" >/dev/null || return 1; done
@@ -381,7 +463,8 @@ is_running() {
 
 show_logs() {
     local f
-    for f in "$MUNGE_LOG" "$LOG_DIR"/slurmctld.out "$CTLD_LOG" "$LOG_DIR"/slurmd-*.out "$LOG_DIR"/slurmd-*.log; do
+    for f in "$MUNGE_LOG" "$DB_LOG" "$LOG_DIR"/slurmdbd.out "$DBD_LOG" "$LOG_DIR"/slurmctld.out "$CTLD_LOG" \
+        "$LOG_DIR"/slurmd-*.out "$LOG_DIR"/slurmd-*.log; do
         [[ -s "$f" ]] || continue
         printf '==> %s <==\n' "$f" >&2
         tail -n 25 "$f" >&2
@@ -427,6 +510,7 @@ wait_nodes_ready() {
 # those, keeping jobs and node states.
 heal_slurmds() {
     munged_pid >/dev/null && ctld_pid >/dev/null && [[ -f "$CONF" && -f "$PORTS_FILE" ]] || return 1
+    accounting_up && accounting_as_asked || return 1
     [[ "$(grep -c '^NodeName=n' "$CONF")" -eq "$FLEETMEDIC_SLURM_NODES" ]] || return 1
     grep -q "^NodeName=$(bench_range) " "$CONF" || ((FLEETMEDIC_SLURM_BENCH_NODES == 0)) || return 1
     ctld_up || return 1
@@ -444,22 +528,106 @@ heal_slurmds() {
     log "slurmd for ${missing[*]} back in $((SECONDS - start)) s"
 }
 
+# MariaDB on 127.0.0.1 (its data in db/, made on first start) with a database
+# user for slurmdbd, then slurmdbd: both before slurmctld, which registers
+# with slurmdbd as it starts.
+start_accounting() {
+    local user dbsock pass
+    user="$(id -un)"
+    dbsock="$(db_socket_path)"
+    mkdir -p "$(dirname "$dbsock")"
+    local as_user=()
+    [[ "$(id -u)" -eq 0 ]] && as_user=(--user=root)
+    if [[ ! -d "$DB_DIR/mysql" ]]; then
+        log "creating the accounting database in $DB_DIR"
+        rm -rf "$DB_DIR"
+        mariadb-install-db --no-defaults --datadir="$DB_DIR" --user="$user" \
+            --auth-root-authentication-method=socket --auth-root-socket-user="$user" --skip-test-db \
+            </dev/null >"$LOG_DIR/mariadb-install-db.out" 2>&1 9>&- || {
+            cat "$LOG_DIR/mariadb-install-db.out" >&2
+            return 1
+        }
+    fi
+    [[ -s "$DB_PASS_FILE" ]] || (umask 077 && head -c 24 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' >"$DB_PASS_FILE")
+    pass="$(<"$DB_PASS_FILE")"
+    log "starting mariadbd on 127.0.0.1:$(port_of mariadbd) (log $DB_LOG)"
+    rm -f "$dbsock"
+    # mariadbd stays in the foreground; in the background it writes its own pid file
+    nohup env "$MARKER" mariadbd --no-defaults "${as_user[@]}" --datadir="$DB_DIR" --socket="$dbsock" \
+        --bind-address=127.0.0.1 --port="$(port_of mariadbd)" --pid-file="$DB_PID" --log-error="$DB_LOG" \
+        --skip-log-bin --innodb-buffer-pool-size=32M --innodb-lock-wait-timeout=900 \
+        </dev/null >"$LOG_DIR/mariadbd.out" 2>&1 9>&- &
+    local deadline=$((SECONDS + FLEETMEDIC_SLURM_START_TIMEOUT))
+    until mariadb --no-defaults --socket="$dbsock" -u "$user" -e 'SELECT 1' >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)); then
+            log "error: mariadbd did not answer within ${FLEETMEDIC_SLURM_START_TIMEOUT}s"
+            return 1
+        fi
+        sleep 0.3
+    done
+    # the password on standard input, not in a command line that ps shows
+    mariadb --no-defaults --socket="$dbsock" -u "$user" <<SQL || return 1
+CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$pass';
+ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '$pass';
+GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
+SQL
+    (
+        umask 077
+        cat >"$DBD_CONF" <<EOF
+# Generated by deploy/slurm.sh -- edits are overwritten on every start.
+AuthType=auth/munge
+AuthInfo=socket=$(<"$MUNGE_SOCK_FILE")
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=$(port_of slurmdbd)
+SlurmUser=$user
+PidFile=$DBD_PID
+LogFile=$DBD_LOG
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$(port_of mariadbd)
+StorageUser=slurm
+StoragePass=$pass
+StorageLoc=slurm_acct_db
+EOF
+    )
+    log "starting slurmdbd on 127.0.0.1:$(port_of slurmdbd) (log $DBD_LOG)"
+    [[ -s "$DBD_LOG" ]] && mv -f "$DBD_LOG" "$DBD_LOG.prev"
+    # slurmdbd reads slurmdbd.conf from the directory of SLURM_CONF
+    local dbd_start=$SECONDS
+    env "$MARKER" slurmdbd </dev/null >"$LOG_DIR/slurmdbd.out" 2>&1 9>&- || return 1
+    # slurmdbd writes its pid file once its tables are made (seconds on a first start)
+    until sacctmgr -n list cluster >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)) || { ! dbd_pid >/dev/null && ((SECONDS > dbd_start + 15)); }; then
+            log "error: slurmdbd did not answer within ${FLEETMEDIC_SLURM_START_TIMEOUT}s"
+            return 1
+        fi
+        sleep 0.3
+    done
+}
+
 cmd_start() {
     [[ "$FLEETMEDIC_SLURM_NODES" =~ ^[1-9][0-9]*$ ]] || die "FLEETMEDIC_SLURM_NODES must be a positive integer"
     [[ "$FLEETMEDIC_SLURM_BENCH_NODES" =~ ^[0-9]+$ ]] && ((FLEETMEDIC_SLURM_BENCH_NODES <= 99999)) \
         || die "FLEETMEDIC_SLURM_BENCH_NODES must be an integer from 0 to 99999"
     take_lock
     if is_running; then
-        log "already running (slurmctld pid $(ctld_pid))"
-        conf_line
-        return 0
+        if accounting_as_asked; then
+            log "already running (slurmctld pid $(ctld_pid))"
+            conf_line
+            return 0
+        fi
+        log "running $(conf_has_accounting && echo with || echo without) accounting; restarting as asked"
+        do_stop
     fi
     ensure_installed
     if heal_slurmds; then
         conf_line
         return 0
     fi
-    if munged_pid >/dev/null || ctld_pid >/dev/null || [[ -n "$(ls "$RUN_DIR"/slurmd-*.pid 2>/dev/null)" ]]; then
+    if munged_pid >/dev/null || ctld_pid >/dev/null || db_pid >/dev/null || dbd_pid >/dev/null \
+        || [[ -n "$(ls "$RUN_DIR"/slurmd-*.pid 2>/dev/null)" ]]; then
         log "partly running; stopping the leftovers first"
         do_stop
     fi
@@ -497,8 +665,17 @@ cmd_start() {
         die "munged failed to start (log: $MUNGE_LOG)"
     fi
 
+    if accounting; then
+        start_accounting || {
+            show_logs
+            do_stop >/dev/null 2>&1 || true
+            die "accounting (MariaDB, slurmdbd) failed to start"
+        }
+    fi
+
     log "starting slurmctld on 127.0.0.1:$(port_of slurmctld) (log $CTLD_LOG)"
     [[ -s "$CTLD_LOG" ]] && mv -f "$CTLD_LOG" "$CTLD_LOG.prev"
+    local ctld_start=$SECONDS
     if ! env "$MARKER" slurmctld -f "$CONF" \
         </dev/null >"$LOG_DIR/slurmctld.out" 2>&1 9>&-; then
         show_logs
@@ -507,7 +684,7 @@ cmd_start() {
     fi
     local deadline=$((SECONDS + FLEETMEDIC_SLURM_START_TIMEOUT))
     until ctld_up; do
-        if ((SECONDS >= deadline)) || { ! ctld_pid >/dev/null && ((SECONDS > start + 5)); }; then
+        if ((SECONDS >= deadline)) || { ! ctld_pid >/dev/null && ((SECONDS > ctld_start + 5)); }; then
             show_logs
             do_stop >/dev/null 2>&1 || true
             die "slurmctld did not answer within ${FLEETMEDIC_SLURM_START_TIMEOUT}s"
@@ -521,7 +698,7 @@ cmd_start() {
             exit 1
         }
     done
-    log "started slurmd for $(node_range) on ports $(awk '$1 != "slurmctld" { printf "%s ", $2 }' "$PORTS_FILE")"
+    log "started slurmd for $(node_range) on ports $(awk '$1 ~ /^n[0-9]+$/ { printf "%s ", $2 }' "$PORTS_FILE")"
     wait_nodes_ready "$deadline" || {
         do_stop >/dev/null 2>&1 || true
         exit 1
@@ -554,7 +731,20 @@ cmd_start() {
             done
         fi
     fi
-    log "cluster up in $((SECONDS - start)) s: $(node_range) in partition $FLEETMEDIC_SLURM_PARTITION"
+    if accounting; then
+        # slurmctld adds its cluster to the database when it registers; jobs
+        # are accounted from then on
+        until sacctmgr -n -P list cluster format=cluster,controlport 2>/dev/null | grep -q '^fleetmedic|[1-9]'; do
+            if ((SECONDS >= deadline)); then
+                show_logs
+                die "slurmctld did not register with slurmdbd within ${FLEETMEDIC_SLURM_START_TIMEOUT}s"
+            fi
+            sleep 0.3
+        done
+    fi
+    local with=""
+    accounting && with=", with accounting (slurmdbd)"
+    log "cluster up in $((SECONDS - start)) s: $(node_range) in partition $FLEETMEDIC_SLURM_PARTITION$with"
     conf_line
 }
 
@@ -586,6 +776,15 @@ do_stop() {
     rm -f "$RUN_DIR"/slurmd-*.pid
     if p="$(ctld_pid)"; then terminate slurmctld "$p"; fi
     rm -f "$CTLD_PID"
+    if p="$(dbd_pid)"; then terminate slurmdbd "$p"; fi
+    rm -f "$DBD_PID"
+    if p="$(db_pid)"; then terminate mariadbd "$p"; fi
+    rm -f "$DB_PID"
+    local dbsock
+    dbsock="$(db_socket_path)"
+    if [[ "$(dirname "$dbsock")" == */fleetmedic-mysql-* ]]; then
+        rm -rf "$(dirname "$dbsock")"
+    fi
     # Step daemons left over (e.g. slurmds killed earlier): kill them and
     # their process groups.
     pids=()
@@ -610,7 +809,7 @@ do_stop() {
 }
 
 cmd_stop() {
-    if ! munged_pid >/dev/null && ! ctld_pid >/dev/null \
+    if ! munged_pid >/dev/null && ! ctld_pid >/dev/null && ! db_pid >/dev/null && ! dbd_pid >/dev/null \
         && [[ -z "$(ls "$RUN_DIR"/slurmd-*.pid 2>/dev/null)" ]] && [[ -z "$(stepd_pids)" ]]; then
         log "not running"
         return 0
@@ -626,6 +825,8 @@ cmd_status() {
     fi
     local parts=() n
     munged_pid >/dev/null && parts+=(munged)
+    db_pid >/dev/null && parts+=(mariadbd)
+    dbd_pid >/dev/null && parts+=(slurmdbd)
     ctld_pid >/dev/null && parts+=(slurmctld)
     for n in $(node_names); do slurmd_pid "$n" >/dev/null && parts+=("slurmd-$n"); done
     if [[ ${#parts[@]} -gt 0 ]]; then

@@ -1,11 +1,13 @@
-"""Talking to the local Slurm cluster from tests: commands, job records, waiting."""
+"""Talking to the local Slurm cluster from tests: commands, job records, waiting, and a
+second cluster with accounting (slurmdbd) for what needs ``sacct``."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -38,3 +40,30 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60, ever
             return last
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+SLURM_SH = Path(__file__).resolve().parents[2] / "deploy" / "slurm.sh"
+
+
+@contextmanager
+def accounting_cluster(state: Path, nodes: int = 2) -> Iterator[str]:
+    """A Slurm cluster of its own in ``state`` with job accounting (``deploy/slurm.sh``
+    with ``FLEETMEDIC_SLURM_ACCOUNTING=1``: MariaDB and slurmdbd beside slurmctld), beside
+    the session's cluster; yields its ``slurm.conf`` and deletes it afterwards."""
+    env = {**os.environ, "FLEETMEDIC_STATE": str(state), "FLEETMEDIC_SLURM_ACCOUNTING": "1",
+           "FLEETMEDIC_SLURM_NODES": str(nodes)}
+
+    def script(cmd: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(SLURM_SH), cmd], env=env, capture_output=True, text=True, timeout=900,
+                              check=False, stdin=subprocess.DEVNULL)
+
+    started = script("start")
+    lines = started.stdout.strip().splitlines()
+    if started.returncode != 0 or not lines or not lines[-1].startswith("SLURM_CONF="):
+        script("reset")
+        raise AssertionError(f"deploy/slurm.sh start with accounting failed (rc={started.returncode}):\n"
+                             f"{started.stdout}\n{started.stderr}")
+    try:
+        yield lines[-1].removeprefix("SLURM_CONF=")
+    finally:
+        script("reset")

@@ -4,7 +4,10 @@ Against a real slurmctld and one slurmd per node (n1..n4 on 127.0.0.1): the cont
 answers, every node is idle, a 2-node batch job runs to COMPLETED, a drain with a reason
 shows in ``sinfo -R`` and resume brings the node back, and a running job that is
 requeued runs again, also after ``requeuehold`` + ``ExcNodeList`` + ``release``.
-Also pins what the build offers for machine-readable output (``squeue/sinfo --json``).
+Also pins what the build offers for machine-readable output (``squeue/sinfo --json``),
+checkpoint-now (``SIGUSR1`` to a batch shell that traps it), and where a failed job's
+``origin_node`` comes from: ``sacct`` on a second cluster with accounting (slurmdbd), and
+none on this one, which has no accounting.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pytest
 
 from actuators.slurm import parse_oneliner
 
-from .slurm_helpers import job, sh, wait_for
+from .slurm_helpers import accounting_cluster, job, sh, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -266,3 +269,154 @@ def test_diagnostics_run_on_a_node_outside_the_default_partition(slurm_conf: str
         _release(slurm_conf, node)
         sh(slurm_conf, "scontrol", "delete", f"PartitionName={part}", check=False)
         sh(slurm_conf, "scontrol", "update", f"PartitionName={gpu}", f"Nodes={gpu_nodes}", check=False)
+
+
+# ----------------------------------------------------------------- checkpoint-now
+
+#: the usual pattern of a batch script that checkpoints on USR1: trap it, work in the
+#: background, wait for the work (bash runs a trap only between commands, and ``wait``
+#: returns when one fires, so it waits again)
+CHECKPOINT_SCRIPT = """#!/bin/bash
+trap 'echo ack >> {ack}' USR1
+sleep 300 & work=$!
+echo ready > {ready}
+while kill -0 "$work" 2>/dev/null; do wait "$work"; done
+"""
+
+
+def test_checkpoint_now_signals_the_batch_shell_once_per_verdict_and_the_job_acks(
+        slurm_conf: str, tmp_path: Path) -> None:
+    """The Slurm backend's checkpoint action against the real controller: the batch
+    script's USR1 trap runs (its ack file appears), the job keeps running, the request is
+    recorded in the job's AdminComment, the same verdict again signals nothing, and once
+    the job has ended there is nothing to save."""
+    import asyncio
+
+    from actuators.base import ActionRequest
+    from actuators.slurm import SlurmBackend
+    from schemas import ActionName, Outcome
+
+    ack, ready, script = tmp_path / "ack", tmp_path / "ready", tmp_path / "train.sh"
+    script.write_text(CHECKPOINT_SCRIPT.format(ack=ack, ready=ready))
+    jid = sbatch(slurm_conf, tmp_path, "-N", "2", "--output=/dev/null", str(script))
+    backend, tag = SlurmBackend(slurm_conf=slurm_conf), uuid.uuid4().hex[:6]
+    try:
+        info = wait_for("job to run", lambda: state_is(slurm_conf, jid, "RUNNING"))
+        wait_for("the script's trap to be set", ready.exists, timeout=30)
+        degrading = hostnames(slurm_conf, info["NodeList"])[1]
+        req = ActionRequest(verdict_id=f"v-{tag}", action=ActionName.checkpoint, target=f"slurm-{jid}",
+                            params={"deadline": time.time() + 600, "node": degrading}, reason="node_degrading")
+        got = asyncio.run(backend.apply(req))
+        assert got.outcome is Outcome.applied and "USR1" in got.detail, got
+        wait_for("the job's ack", lambda: ack.exists() and ack.read_text(), timeout=30)
+        after = job(slurm_conf, jid)
+        assert after["JobState"] == "RUNNING", after  # asked to save, not stopped
+        assert after["AdminComment"].startswith(f"fleetmedic-checkpoint:v-{tag}@"), after
+
+        again = asyncio.run(backend.apply(req))
+        assert again.outcome is Outcome.already_so and "already asked" in again.detail, again
+        time.sleep(1)
+        assert ack.read_text() == "ack\n", "one request, one ack"
+    finally:
+        sh(slurm_conf, "scancel", jid, check=False)
+    wait_for("job to end", lambda: state_is(slurm_conf, jid, "CANCELLED"), timeout=30)
+    late = asyncio.run(backend.apply(ActionRequest(
+        verdict_id=f"v-{tag}-late", action=ActionName.checkpoint, target=f"slurm-{jid}",
+        params={"deadline": time.time() + 600}, reason="node_degrading")))
+    assert late.outcome is Outcome.already_so and "nothing to save" in late.detail, late
+
+
+# -------------------------------------------------------------------- origin_node
+
+#: a 2-node job, one one-node srun per node: on the second node it fails after a
+#: second, on the first it works on; the script ends when the first srun ends
+ONE_NODE_FAILS_FIRST = """#!/bin/bash
+nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
+srun -N1 -n1 -w "${nodes[1]}" bash -c 'sleep 1; echo "CUDA error: uncorrectable ECC error" >&2; exit 3' &
+srun -N1 -n1 -w "${nodes[0]}" sleep 300 &
+wait -n
+exit 1
+"""
+#: one srun over both nodes; its task on the second node fails, -K ends the step
+ONE_TASK_OF_A_TWO_NODE_STEP_FAILS = """#!/bin/bash
+srun -K -N2 -n2 bash -c 'if [ "$SLURM_NODEID" = 1 ]; then sleep 1; exit 4; fi; sleep 300'
+"""
+
+
+def _failed_event(conf: str, watcher: object, jid: str) -> object:
+    """Poll ``watcher`` (its own poll loop's steps) until job ``jid``'s failure comes out."""
+    import asyncio
+
+    got: list[object] = []
+
+    def probe() -> object:
+        got.extend(e for e in asyncio.run(watcher.poll()) if e.job == f"slurm-{jid}")  # type: ignore[attr-defined]
+        return next((e for e in got if e.event.value == "failed"), None)
+
+    return wait_for(f"job {jid}'s failure from the watcher", probe, timeout=60)
+
+
+def _run_to_failure(conf: str, cwd: Path, script: str) -> tuple[str, list[str]]:
+    path = cwd / f"job-{uuid.uuid4().hex[:6]}.sh"
+    path.write_text(script)
+    jid = sbatch(conf, cwd, "-N", "2", f"--output={cwd}/%j.out", str(path))
+    info = wait_for(f"job {jid} to fail", lambda: state_is(conf, jid, "FAILED", "COMPLETED", "CANCELLED"), timeout=60)
+    assert info["JobState"] == "FAILED", info
+    return jid, hostnames(conf, info["NodeList"])
+
+
+@pytest.fixture(scope="module")
+def accounting_conf(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """A 2-node cluster of its own with slurmdbd, for ``sacct``."""
+    with accounting_cluster(tmp_path_factory.mktemp("acct")) as conf:
+        yield conf
+
+
+def test_with_accounting_the_watcher_names_the_node_whose_step_failed_first(
+        accounting_conf: str, tmp_path: Path) -> None:
+    from pipeline.watch.slurm import Scontrol, SlurmJobWatcher
+
+    conf = accounting_conf
+    jid, nodes = _run_to_failure(conf, tmp_path, ONE_NODE_FAILS_FIRST)
+    watcher = SlurmJobWatcher(Scontrol(slurm_conf=conf))
+    failed = _failed_event(conf, watcher, jid)
+    assert failed.origin_node == nodes[1], (failed, sh(conf, "sacct", "-j", jid, "-P"))  # type: ignore[attr-defined]
+    # what sacct recorded: the failed one-node step on that node, the other step cancelled
+    steps = sh(conf, "sacct", "-j", jid, "--parsable2", "--noheader", "--format=JobID,State,ExitCode,NodeList")
+    assert f"|FAILED|3:0|{nodes[1]}" in steps, steps
+    assert watcher.accounting
+
+
+def test_with_accounting_a_task_failure_inside_a_two_node_step_names_no_node(
+        accounting_conf: str, tmp_path: Path) -> None:
+    """srun says which task failed (in the job's output); sacct keeps the step on both
+    nodes, so the watcher names none rather than guess."""
+    from pipeline.watch.slurm import Scontrol, SlurmJobWatcher
+
+    conf = accounting_conf
+    jid, nodes = _run_to_failure(conf, tmp_path, ONE_TASK_OF_A_TWO_NODE_STEP_FAILS)
+    failed = _failed_event(conf, SlurmJobWatcher(Scontrol(slurm_conf=conf)), jid)
+    assert failed.origin_node is None, failed  # type: ignore[attr-defined]
+    assert f"srun: error: {nodes[1]}: task 1: Exited with exit code 4" in (tmp_path / f"{jid}.out").read_text()
+    steps = sh(conf, "sacct", "-j", jid, "--parsable2", "--noheader", "--format=JobID,State,NodeList")
+    assert f"{jid}.0|FAILED|" in steps and "n[1-2]" in steps, steps
+
+
+def test_without_accounting_a_failure_goes_out_at_once_without_origin_node(slurm_conf: str, tmp_path: Path) -> None:
+    """The session's cluster keeps no accounting: sacct says so, the watcher says so once,
+    stops asking, and sends failures without ``origin_node`` (no waiting for a record that
+    will never come)."""
+    import os
+    import subprocess
+
+    from pipeline.watch.slurm import Scontrol, SlurmJobWatcher
+
+    res = subprocess.run(["sacct", "-j", "1"], env={**os.environ, "SLURM_CONF": slurm_conf}, capture_output=True,
+                         text=True, check=False, stdin=subprocess.DEVNULL)
+    assert res.returncode != 0 and "Slurm accounting storage is disabled" in res.stderr, res
+    jid, _ = _run_to_failure(slurm_conf, tmp_path, ONE_NODE_FAILS_FIRST)
+    watcher = SlurmJobWatcher(Scontrol(slurm_conf=slurm_conf), origin_wait_s=3600)
+    started = time.monotonic()
+    failed = _failed_event(slurm_conf, watcher, jid)
+    assert failed.origin_node is None and watcher.accounting is False, failed  # type: ignore[attr-defined]
+    assert time.monotonic() - started < 30  # not held for the hour it was allowed
