@@ -2,7 +2,9 @@
 
 :func:`load` reads the scenario with :mod:`tomllib` into a :class:`Field`; every value is
 checked, and a bad one raises :class:`ValueError` naming its field (``causes.hbm3.kinds``,
-``people.human_sigma``).  The file documents its sources and which values are assumptions.
+``people.human_sigma``).  The file documents its sources and which values are assumptions;
+every figure of ``[precursors]`` and ``[checkpoint_now]`` carries its source string, which
+:meth:`Field.precursor_figures` lists for the evaluation's report and its check.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from pipeline.sim.cluster import FAULT_KINDS
 PATH = Path(__file__).with_name("field.toml")
 #: kinds a cause may map to: the simulator's, and "hidden" (no telemetry signal)
 KINDS = frozenset(FAULT_KINDS) | {"hidden"}
+#: the simulator's kinds that show a sign before they fail (a ramp of [ramps]): the only
+#: carriers of a cause's precursor share
+PRECURSOR_KINDS = ("sbe_rise", "nvlink", "thermal")
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,17 @@ class Cause:
     percent: float
     kinds: dict[str, float]
     erratum: str = ""
+
+
+@dataclass(frozen=True)
+class Precursor:
+    """The share of one cause's failures that show a sign fleetmedic can act on, and why."""
+
+    cause: str
+    share: float
+    kinds: tuple[str, ...]  # the degrading simulator kinds that carry it
+    source: str
+    assumption: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,6 +77,16 @@ class Field:
     warmup_s: int
     gpu_every_s: int
     causes: tuple[Cause, ...]
+    #: per cause: the share of failures with a sign before them ([precursors])
+    precursors: dict[str, Precursor] = field(default_factory=dict)
+    #: benign rises isolated per real precursor ([precursors] false_alarms_per_true)
+    false_alarms_per_true: float = 0.0
+    #: the [DRAM] bound on benign rises, per node-year (the report's sensitivity)
+    false_alarms_per_node_year_bound: float = 0.0
+    #: seconds a job's GPUs spend saving on a checkpoint-now request ([checkpoint_now])
+    checkpoint_save_s: float = 0.0
+    #: share of jobs that never answer a checkpoint-now request
+    non_honouring_share: float = 0.0
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -72,6 +98,24 @@ class Field:
         """Each cause's share of interruptions, by count (sums to 1)."""
         total = sum(c.count for c in self.causes)
         return {c.name: c.count / total for c in self.causes}
+
+    def precursor_share(self) -> float:
+        """The share of all interruptions (by count) with a sign before the failure."""
+        return sum(w * self.precursors[name].share for name, w in self.shares().items())
+
+    def precursor_figures(self) -> list[dict[str, Any]]:
+        """Every figure of ``[precursors]`` and ``[checkpoint_now]`` with its source string
+        (empty when the file gives none: the evaluation's check flags it)."""
+        raw = self.raw
+        out = [{"name": f"precursors.{p.cause}.share", "value": p.share, "source": p.source,
+                "assumption": p.assumption} for p in self.precursors.values()]
+        for section, keys in (("precursors", ("false_alarms_per_true", "false_alarms_per_node_year_bound")),
+                              ("checkpoint_now", ("save_seconds", "non_honouring_share"))):
+            sect = raw.get(section) or {}
+            for k in keys:
+                out.append({"name": f"{section}.{k}", "value": sect.get(k),
+                            "source": str(sect.get(f"{k}_source") or "")})
+        return out
 
 
 def _get(d: dict[str, Any], section: str, key: str) -> Any:
@@ -172,9 +216,58 @@ def parse(d: dict[str, Any]) -> Field:
         warmup_s=_num(d, "ramps", "warmup_s", integer=True, lo=0, lo_open=False),
         gpu_every_s=_num(d, "ramps", "gpu_every_s", integer=True, hi=60),
         causes=tuple(causes),
+        precursors=_precursors(d, causes),
+        false_alarms_per_true=float(_num(d, "precursors", "false_alarms_per_true", lo=0.0, lo_open=False, hi=100.0)),
+        false_alarms_per_node_year_bound=float(_num(d, "precursors", "false_alarms_per_node_year_bound",
+                                                    lo=0.0, lo_open=False, hi=365.0)),
+        checkpoint_save_s=float(_num(d, "checkpoint_now", "save_seconds", hi=24 * 3600.0)),
+        non_honouring_share=float(_num(d, "checkpoint_now", "non_honouring_share", lo=0.0, lo_open=False, hi=1.0)),
         raw=d,
     )
     return f
+
+
+def _precursors(d: dict[str, Any], causes: list[Cause]) -> dict[str, Precursor]:
+    """``[precursors.<cause>]`` for every cause: a share carried by the cause's degrading
+    kinds (their shares in ``[causes]`` sum to it), with a source."""
+    sect = d.get("precursors")
+    if not isinstance(sect, dict):
+        raise ValueError("precursors: missing section")
+    out = {}
+    for c in causes:
+        name = f"precursors.{c.name}"
+        p = sect.get(c.name)
+        if not isinstance(p, dict):
+            raise ValueError(f"{name}: missing (every cause states its precursor share, 0 included, with a source)")
+        share = float(_num({name: p}, name, "share", lo=0.0, lo_open=False, hi=1.0))
+        kinds = p.get("kinds")
+        if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+            raise ValueError(f"{name}.kinds: expected a list of kinds, got {kinds!r}")
+        for k in kinds:
+            if k not in PRECURSOR_KINDS:
+                raise ValueError(f"{name}.kinds: {k!r} shows no sign before it fails; those that do: "
+                                 f"{', '.join(PRECURSOR_KINDS)}")
+            if k not in c.kinds:
+                raise ValueError(f"{name}.kinds: {k!r} is not among causes.{c.name}.kinds")
+        carried = sum(c.kinds[k] for k in kinds)
+        missing = [k for k in c.kinds if k in PRECURSOR_KINDS and k not in kinds]
+        if missing:
+            raise ValueError(f"{name}.kinds: causes.{c.name} maps to {', '.join(missing)}, which show a sign: list them")
+        if abs(carried - share) > 1e-6:
+            raise ValueError(f"{name}.share: {share} is not the share of its kinds in causes.{c.name}.kinds "
+                             f"({carried:g}): the sign is what those kinds simulate")
+        source = p.get("source")
+        if not isinstance(source, str) or not source.strip():
+            raise ValueError(f"{name}.source: missing: every precursor figure names its source or says it is an assumption")
+        assumption = p.get("assumption", "")
+        if not isinstance(assumption, str):
+            raise ValueError(f"{name}.assumption: expected a string, got {assumption!r}")
+        out[c.name] = Precursor(cause=c.name, share=share, kinds=tuple(kinds), source=source.strip(),
+                                assumption=assumption.strip())
+    extra = [k for k, v in sect.items() if isinstance(v, dict) and k not in out]
+    if extra:
+        raise ValueError(f"precursors: {', '.join(sorted(extra))} is not a cause")
+    return out
 
 
 def _origin_known(d: dict[str, Any], causes: list[Cause]) -> tuple[str, ...]:
