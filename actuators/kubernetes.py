@@ -1247,7 +1247,12 @@ class KubernetesBackend:
             raise PermanentError(f"checkpoint {request.target}: params.deadline must be Unix seconds ({exc})") from exc
         value = _rfc3339(deadline)
         label_key = request.params.get("label_key")
-        wl, pods = (None, []) if label_key else await self._resolve(request.target)
+        try:
+            wl, pods = (None, []) if label_key else await self._resolve(request.target)
+        except PermanentError as exc:
+            if "not found" not in str(exc):
+                raise
+            return ActionResult(Outcome.already_so, f"{exc}: nothing runs to save its state")
         namespace, name = (wl.namespace, wl.name) if wl else self._job_ref(request.target)
         pods = pods or await self._pods_of(namespace, name, label_key)
         live = [p for p in pods if _phase(p) in ("Pending", "Running") and not _is_terminating(p)]

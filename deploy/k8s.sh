@@ -23,6 +23,14 @@ KUBECONFIG_FILE="$STATE_DIR/admin.kubeconfig"
 START_TIMEOUT="${FLEETMEDIC_K8S_START_TIMEOUT:-120}"
 STOP_TIMEOUT="${FLEETMEDIC_K8S_STOP_TIMEOUT:-20}"
 COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler)
+# Add-ons run beside the control plane when named in FLEETMEDIC_K8S_ADDONS (comma or space
+# separated): kueue, training-operator.  Each is built once from the Go module proxy.
+KUEUE_VERSION="${FLEETMEDIC_KUEUE_VERSION:-v0.17.0}"
+TRAINING_OPERATOR_VERSION="${FLEETMEDIC_TRAINING_OPERATOR_VERSION:-v1.8.1}"
+ADDON_ROOT="$CACHE_ROOT/k8s/addons"
+_addons="${FLEETMEDIC_K8S_ADDONS:-}"
+read -r -a ADDONS <<<"${_addons//,/ }"
+REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 log() { printf 'k8s.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -55,8 +63,24 @@ Commands:
   reset   stop and delete the state dir (etcd data, keys, logs)
   help    this text
 
+Add-ons (FLEETMEDIC_K8S_ADDONS="kueue,training-operator"): built with "go install" from
+the Go module proxy into $ADDON_ROOT, their CRDs applied as they ship,
+and their controllers run on loopback with the admin's rights:
+  kueue              sigs.k8s.io/kueue $KUEUE_VERSION (batch/job and kubeflow.org/pytorchjob
+                     integrations; its webhooks called on 127.0.0.1 with a certificate of
+                     this CA; no visibility API server)
+  training-operator  github.com/kubeflow/training-operator $TRAINING_OPERATOR_VERSION
+                     (PyTorchJob only; its validating webhook is registered selecting no
+                     object: its certificate names an in-cluster Service that a loopback
+                     URL cannot match)
+
 Environment:
   FLEETMEDIC_K8S_VERSION        Kubernetes release to build (default v1.36.3)
+  FLEETMEDIC_K8S_ADDONS         add-ons to build and run beside it (default none)
+  FLEETMEDIC_KUEUE_VERSION      Kueue release (default v0.17.0)
+  FLEETMEDIC_TRAINING_OPERATOR_VERSION  training operator release (default v1.8.1)
+  FLEETMEDIC_PYTHON             Python with PyYAML for the manifests (default: the
+                                repository's .venv, else python3)
   FLEETMEDIC_CACHE              build cache root (default \$HOME/.cache/fleetmedic)
   FLEETMEDIC_STATE              state root (default \$HOME/.cache/fleetmedic/run);
                                 the control plane lives in \$FLEETMEDIC_STATE/k8s
@@ -88,6 +112,8 @@ built() {
 }
 
 cmd_build() {
+    local a
+    for a in "${ADDONS[@]}"; do build_addon "$a"; done
     if built; then
         log "control-plane binaries for $K8S_VERSION cached in $BIN_DIR"
         return 0
@@ -143,6 +169,194 @@ EOF
     log "built $K8S_VERSION control plane in $((SECONDS - start)) s ($BIN_DIR)"
 }
 
+# ---------------------------------------------------------------- add-ons ---
+
+has_addon() { local a; for a in "${ADDONS[@]}"; do [[ "$a" == "$1" ]] && return 0; done; return 1; }
+
+addon_dir() {
+    case "$1" in
+    kueue) printf '%s/kueue-%s\n' "$ADDON_ROOT" "$KUEUE_VERSION" ;;
+    training-operator) printf '%s/training-operator-%s\n' "$ADDON_ROOT" "$TRAINING_OPERATOR_VERSION" ;;
+    *) die "unknown add-on $1 (known: kueue, training-operator)" ;;
+    esac
+}
+
+python_bin() {
+    if [[ -n "${FLEETMEDIC_PYTHON:-}" ]]; then printf '%s\n' "$FLEETMEDIC_PYTHON"
+    elif [[ -x "$REPO_DIR/.venv/bin/python" ]]; then printf '%s\n' "$REPO_DIR/.venv/bin/python"
+    else command -v python3; fi
+}
+
+# build add-on NAME: go install its command at its version; keep its CRDs (and Kueue's
+# webhook manifest) beside the binary, taken from the same module
+build_addon() {
+    local name="$1" dir module version pkg
+    dir="$(addon_dir "$name")"
+    [[ -x "$dir/bin/$name" ]] && return 0
+    case "$name" in
+    kueue) module=sigs.k8s.io/kueue version=$KUEUE_VERSION pkg=sigs.k8s.io/kueue/cmd/kueue ;;
+    training-operator)
+        module=github.com/kubeflow/training-operator version=$TRAINING_OPERATOR_VERSION
+        pkg=github.com/kubeflow/training-operator/cmd/training-operator.v1 ;;
+    esac
+    command -v go >/dev/null || die "go is needed to build $name"
+    mkdir -p "$ADDON_ROOT"
+    exec 7>"$ADDON_ROOT/.build-$name.lock"
+    command -v flock >/dev/null && { flock -w 3600 7 || die "build lock of $name held for an hour"; }
+    [[ -x "$dir/bin/$name" ]] && return 0
+    local start=$SECONDS src tmp="$dir.tmp"
+    log "building $name $version from the Go module proxy (once per machine; 10-20 min on 2 cores) ..."
+    src="$(cd "$ADDON_ROOT" && GOFLAGS=-mod=mod go mod download -json "$module@$version" |
+        "$(python_bin)" -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')" ||
+        die "the Go module proxy did not serve $module@$version"
+    rm -rf "$tmp"
+    mkdir -p "$tmp/bin" "$tmp/crds"
+    (cd "$ADDON_ROOT" && GOBIN="$tmp/bin" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "$pkg@$version") ||
+        die "go install $pkg@$version failed"
+    mv "$tmp/bin/$(basename "$pkg")" "$tmp/bin/$name.new" && mv "$tmp/bin/$name.new" "$tmp/bin/$name"
+    case "$name" in
+    kueue)
+        cp "$src"/config/components/crd/bases/*.yaml "$tmp/crds/"
+        mkdir -p "$tmp/webhook"
+        cp "$src/config/components/webhook/manifests.yaml" "$tmp/webhook/" ;;
+    training-operator)
+        cp "$src/manifests/base/crds/kubeflow.org_pytorchjobs.yaml" "$tmp/crds/"
+        mkdir -p "$tmp/webhook"
+        cp "$src/manifests/base/webhook/manifests.yaml" "$tmp/webhook/" ;;
+    esac
+    chmod -R u+w "$tmp"
+    rm -rf "$dir"
+    mv "$tmp" "$dir"
+    log "built $name $version in $((SECONDS - start)) s ($dir)"
+}
+
+# apply the objects `deploy/k8s_objects.py ARGS...` prints (server-side apply, as
+# kubectl apply --server-side does)
+apply_objects() {
+    local path obj lines
+    lines="$("$(python_bin)" "$REPO_DIR/deploy/k8s_objects.py" "$@")" || die "k8s_objects.py $* failed"
+    while IFS=$'\t' read -r path obj; do
+        [[ -n "$path" ]] || continue
+        printf '%s' "$obj" | api_apply "$path" || die "could not apply $path"
+    done <<<"$lines"
+}
+
+api_apply() {
+    curl -sf --max-time 60 --cacert "$PKI/ca.crt" -H "Authorization: Bearer $(token_of admin)" \
+        -X PATCH -H 'Content-Type: application/apply-patch+yaml' --data-binary @- -o /dev/null \
+        "https://127.0.0.1:$(port_of kube-apiserver)$1?fieldManager=fleetmedic-deploy&force=true"
+}
+
+ensure_namespace() {
+    printf '{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"%s"}}' "$1" | api_apply "/api/v1/namespaces/$1"
+}
+
+# a token for add-on NAME, in the system:masters group (a local control plane for tests)
+ensure_token() {
+    grep -q ",$1,uid-$1," "$PKI/tokens.csv" && return 0
+    printf '%s,%s,uid-%s,"system:masters"\n' "$(openssl rand -hex 24)" "$1" "$1" >>"$PKI/tokens.csv"
+}
+
+api_served() { api_get "$1" >/dev/null 2>&1; }
+
+probe_ready() { curl -sf --max-time 5 "http://127.0.0.1:$(port_of "$1")/readyz" >/dev/null; }
+
+write_kueue_config() {
+    local certs="$1"
+    {
+        printf 'apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\nnamespace: kueue-system\n'
+        printf 'health:\n  healthProbeBindAddress: 127.0.0.1:%s\n' "$(port_of kueue-health)"
+        printf 'metrics:\n  bindAddress: "0"\n'
+        printf 'webhook:\n  host: 127.0.0.1\n  port: %s\n  certDir: %s\n' "$(port_of kueue-webhook)" "$certs"
+        printf 'leaderElection:\n  leaderElect: false\n'
+        printf 'internalCertManagement:\n  enable: false\n'
+        printf 'featureGates:\n  VisibilityOnDemand: false\n'
+        printf 'manageJobsWithoutQueueName: false\n'
+        printf 'integrations:\n  frameworks:\n  - batch/job\n  - kubeflow.org/pytorchjob\n'
+    } >"$STATE_DIR/kueue-config.yaml"
+}
+
+start_kueue() {
+    local dir certs="$STATE_DIR/kueue-certs" deadline="$1"
+    dir="$(addon_dir kueue)"
+    mkdir -p "$certs"
+    if [[ ! -s "$certs/tls.crt" ]]; then
+        printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n' \
+            >"$certs/ext"
+        openssl req -newkey rsa:2048 -nodes -keyout "$certs/tls.key" -out "$certs/tls.csr" \
+            -subj "/CN=kueue-webhook" 2>/dev/null
+        openssl x509 -req -in "$certs/tls.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+            -out "$certs/tls.crt" -days 3650 -extfile "$certs/ext" 2>/dev/null
+        chmod 0600 "$certs/tls.key"
+    fi
+    # Kueue without its own certificate management reads a metrics certificate from this
+    # fixed path at start, even with metrics off; any valid pair will do
+    if [[ ! -s /etc/kueue/metrics/certs/tls.crt ]]; then
+        need_root_cmd mkdir -p /etc/kueue/metrics/certs
+        need_root_cmd install -m 0644 "$certs/tls.crt" /etc/kueue/metrics/certs/tls.crt
+        need_root_cmd install -m 0600 "$certs/tls.key" /etc/kueue/metrics/certs/tls.key
+    fi
+    ensure_namespace kueue-system
+    apply_objects crds "$dir"/crds/*.yaml
+    wait_for "Kueue's CRDs" "$deadline" api_served /apis/kueue.x-k8s.io/v1beta2
+    write_kueue_config "$certs"
+    write_kubeconfig "$STATE_DIR/kueue.kubeconfig" kueue
+    log "starting Kueue $KUEUE_VERSION (webhooks on https://127.0.0.1:$(port_of kueue-webhook))"
+    spawn kueue env KUBECONFIG="$STATE_DIR/kueue.kubeconfig" "$dir/bin/kueue" \
+        --config="$STATE_DIR/kueue-config.yaml" --zap-log-level=info
+    wait_for Kueue "$deadline" probe_ready kueue-health
+    apply_objects webhooks "$dir/webhook/manifests.yaml" --url "https://127.0.0.1:$(port_of kueue-webhook)" \
+        --ca "$PKI/ca.crt" --prefix kueue- --keep 'batch/jobs,kubeflow.org/pytorchjobs,kueue.x-k8s.io/*'
+}
+
+start_training_operator() {
+    local dir deadline="$1"
+    dir="$(addon_dir training-operator)"
+    ensure_namespace kubeflow
+    # the operator's certificate rotator keeps its serving certificate in this Secret
+    printf '{"apiVersion":"v1","kind":"Secret","metadata":{"name":"training-operator-webhook-cert","namespace":"kubeflow"}}' |
+        api_apply /api/v1/namespaces/kubeflow/secrets/training-operator-webhook-cert
+    apply_objects crds "$dir"/crds/*.yaml
+    wait_for "the PyTorchJob CRD" "$deadline" api_served /apis/kubeflow.org/v1
+    # its certificate rotator starts the controllers only once it has injected its CA into
+    # this configuration: registered, selecting no object (see deploy/k8s_objects.py)
+    apply_objects webhooks "$dir/webhook/manifests.yaml" --url "https://127.0.0.1:$(port_of training-operator-webhook)" \
+        --ca "$PKI/ca.crt" --name validator.training-operator.kubeflow.org --keep kubeflow.org/pytorchjobs --inert
+    write_kubeconfig "$STATE_DIR/training-operator.kubeconfig" training-operator
+    log "starting the training operator $TRAINING_OPERATOR_VERSION (PyTorchJob)"
+    spawn training-operator env KUBECONFIG="$STATE_DIR/training-operator.kubeconfig" MY_POD_NAMESPACE=kubeflow \
+        "$dir/bin/training-operator" --enable-scheme=pytorchjob --leader-elect=false \
+        --metrics-bind-address=0 --health-probe-bind-address="127.0.0.1:$(port_of training-operator-health)" \
+        --webhook-server-port="$(port_of training-operator-webhook)"
+    # the kubelet's part: the rotator writes its certificate into the Secret and waits to
+    # find it mounted in its (fixed) certificate directory
+    wait_for "the training operator's certificate" "$deadline" mount_operator_certs
+    wait_for "the training operator" "$deadline" probe_ready training-operator-health
+}
+
+OPERATOR_CERT_DIR=/tmp/k8s-webhook-server/serving-certs
+
+# write the data of the operator's certificate Secret as files, as a secret volume
+# would (false until the rotator has filled it)
+mount_operator_certs() {
+    local doc
+    doc="$(api_get /api/v1/namespaces/kubeflow/secrets/training-operator-webhook-cert 2>/dev/null)" || return 1
+    printf '%s' "$doc" | "$(python_bin)" -c '
+import base64, json, os, sys
+data = json.load(sys.stdin).get("data") or {}
+if "tls.crt" not in data or "tls.key" not in data:
+    sys.exit(1)
+d = sys.argv[1]
+os.makedirs(d, exist_ok=True)
+for k, v in data.items():
+    tmp = os.path.join(d, "." + k)
+    with open(tmp, "wb") as f:
+        f.write(base64.b64decode(v))
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, os.path.join(d, k))
+' "$OPERATOR_CERT_DIR"
+}
+
 # ----------------------------------------------------------------- ports ---
 
 port_of() { awk -v n="$1" '$1 == n { print $2 }' "$PORTS_FILE"; }
@@ -150,7 +364,8 @@ port_of() { awk -v n="$1" '$1 == n { print $2 }' "$PORTS_FILE"; }
 choose_ports() {
     local n p taken=" "
     : >"$PORTS_FILE.new"
-    for n in etcd etcd-peer kube-apiserver kube-controller-manager kube-scheduler; do
+    for n in etcd etcd-peer kube-apiserver kube-controller-manager kube-scheduler kueue-webhook kueue-health \
+        training-operator-webhook training-operator-health; do
         while :; do
             p="$(free_port)"
             [[ "$taken" != *" $p "* ]] && break
@@ -308,7 +523,7 @@ healthz() { curl -skf --max-time 5 "https://127.0.0.1:$(port_of "$1")/healthz" >
 is_running() {
     local c
     component_pid etcd >/dev/null || return 1
-    for c in "${COMPONENTS[@]}"; do component_pid "$c" >/dev/null || return 1; done
+    for c in "${COMPONENTS[@]}" "${ADDONS[@]}"; do component_pid "$c" >/dev/null || return 1; done
     [[ -f "$KUBECONFIG_FILE" ]] && api_ready
 }
 
@@ -321,7 +536,7 @@ wait_for() {
             die "$what not ready within ${START_TIMEOUT}s (logs in $LOG_DIR)"
         fi
         local name pid
-        for name in etcd "${COMPONENTS[@]}"; do
+        for name in etcd "${COMPONENTS[@]}" "${ADDONS[@]}"; do
             [[ -f "$RUN_DIR/$name.pid" ]] || continue
             # the bare pid, not component_pid: until nohup has exec'd, the child's command
             # line is still this script's, and a busy machine must not read that as an exit
@@ -356,6 +571,8 @@ cmd_start() {
     mkdir -p "$LOG_DIR" "$RUN_DIR" "$ETCD_DATA"
     chmod 0700 "$ETCD_DATA"
     gen_pki
+    local a
+    for a in "${ADDONS[@]}"; do ensure_token "$a"; done  # read by the API server at its start
     write_audit_policy
     choose_ports
     write_kubeconfig "$KUBECONFIG_FILE" admin
@@ -411,11 +628,14 @@ cmd_start() {
     wait_for kube-scheduler "$deadline" healthz kube-scheduler
     # the namespace controller's default ServiceAccount: pods can be created from here on
     wait_for "default ServiceAccount" "$deadline" default_sa
+    has_addon training-operator && start_training_operator "$deadline"
+    has_addon kueue && start_kueue "$deadline"
     log "control plane ready in $((SECONDS - start)) s (logs in $LOG_DIR)"
     kubeconfig_line
 }
 
 do_stop() {
+    stop_components kueue training-operator
     stop_components kube-scheduler kube-controller-manager kube-apiserver
     stop_components etcd
     rm -f "$RUN_DIR"/*.pid

@@ -26,9 +26,11 @@ echo "== starting Slurm (slurmctld + 4 slurmd on loopback; installs slurm-wlm an
 FLEETMEDIC_SLURM_CONF=$(bash deploy/slurm.sh start | tail -n1 | sed 's/^SLURM_CONF=//')
 export FLEETMEDIC_SLURM_CONF
 echo "Slurm config $FLEETMEDIC_SLURM_CONF"
-echo "== starting Kubernetes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler on loopback;"
-echo "   built from the Go module proxy on first use and cached in ~/.cache/fleetmedic/k8s)"
-FLEETMEDIC_KUBECONFIG=$(bash deploy/k8s.sh start | tail -n1 | sed 's/^KUBECONFIG=//')
+echo "== starting Kubernetes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, Kueue and the"
+echo "   Kubeflow training operator on loopback; built from the Go module proxy on first use and cached in"
+echo "   ~/.cache/fleetmedic/k8s)"
+FLEETMEDIC_KUBECONFIG=$(FLEETMEDIC_K8S_ADDONS=${FLEETMEDIC_K8S_ADDONS-kueue,training-operator} \
+  bash deploy/k8s.sh start | tail -n1 | sed 's/^KUBECONFIG=//')
 export FLEETMEDIC_KUBECONFIG
 echo "Kubernetes admin kubeconfig $FLEETMEDIC_KUBECONFIG"
 echo "== tests"

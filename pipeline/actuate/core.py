@@ -136,8 +136,8 @@ def checkpoint_request(work: Work, record: ActionRecord) -> JobEvent | None:
     """The ``checkpoint_requested`` record that tells a job on ``telemetry.job`` what its
     ``checkpoint`` action asked (checkpoint-now, ``docs/checkpoint-now.md``), once the
     action reached its scheduler; None for any other action or outcome."""
-    if record.action is not ActionName.checkpoint or record.outcome not in (Outcome.applied, Outcome.already_so):
-        return None
+    if record.action is not ActionName.checkpoint or record.outcome is not Outcome.applied:
+        return None  # already_so: asked before (announced then), or nothing of it runs
     v = work.verdict
     params = v["actions"][work.index].get("params") or {}
     deadline = params.get("deadline")

@@ -136,9 +136,12 @@ class Correlator:
         else:
             d = policy.job_on_notice(hist, rec, self.policy, wall_now)
         self.jobs[key] = hist
-        if d.tick_at is not None:
-            self.schedule.jobs[key] = (d.tick_ts if d.tick_ts is not None else float("inf"), d.tick_at)
-        elif not hist["waiting"]:
+        # what the job waits for is in its state: any step may leave it waiting (a move for
+        # a checkpoint outlives the events that come meanwhile)
+        due = policy.job_due(hist)
+        if due is not None:
+            self.schedule.jobs[key] = due
+        else:
             self.schedule.jobs.pop(key, None)
         return d
 
@@ -186,9 +189,9 @@ class Correlator:
         """Rebuild the schedule from the stored state (after a restart or a rebalance)."""
         for job, raw in list(self.jobs.items()):
             if raw:
-                w = load_job(raw)["waiting"]
-                if w:
-                    self.schedule.jobs[job] = (w[0]["deadline_ts"], min(x["deadline_wall"] for x in w))
+                due = policy.job_due(load_job(raw))
+                if due is not None:
+                    self.schedule.jobs[job] = due
         for sw, raw in list(self.switches.items()):
             if raw:
                 due = policy.switch_due(load_switch(raw))

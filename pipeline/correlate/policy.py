@@ -541,16 +541,25 @@ def _settle(hist: JobHistory, attempt: int) -> None:
     hist["decided"] = (hist["decided"] + [attempt])[-MAX_KEPT:]
 
 
-def _next_tick(d: Decision, hist: JobHistory) -> Decision:
-    """``d`` asking for a tick when the oldest waiting failure, or a move waiting for a
-    checkpoint, is due (if one waits)."""
-    due = [(w["deadline_ts"], w["deadline_wall"]) for w in _waiting(hist)[:1]]
+def job_due(hist: JobHistory) -> tuple[float, float] | None:
+    """When the job wants its next tick, in event time and at the latest in wall time:
+    the oldest failure waiting for evidence, or a move waiting for a checkpoint; None when
+    nothing waits."""
+    waiting = _waiting(hist)
+    due = [(w["deadline_ts"], w["deadline_wall"]) for w in waiting[:1]]
     pend = hist["pending"]
     if pend and pend.get("kind") == "migrate" and pend.get("deadline_wall") is not None:
         due.append((pend["deadline_ts"], pend["deadline_wall"]))
-    if due:
-        d.tick_ts = min(t for t, _ in due)
-        d.tick_at = min([w for _, w in due] + [x["deadline_wall"] for x in _waiting(hist)])
+    if not due:
+        return None
+    return min(t for t, _ in due), min([w for _, w in due] + [x["deadline_wall"] for x in waiting])
+
+
+def _next_tick(d: Decision, hist: JobHistory) -> Decision:
+    """``d`` asking for a tick when the job is next due (if anything of it waits)."""
+    due = job_due(hist)
+    if due is not None:
+        d.tick_ts, d.tick_at = due
     return d
 
 
@@ -797,7 +806,10 @@ def _move_off_faulty_nodes(hist: JobHistory, w: dict[str, Any], cfg: PolicySetti
     nodes has passed: requeued without every node at fault, from its last checkpoint,
     before it fails (the node is being drained under it).  Stamped with the grace's end."""
     attempt = w["attempt"]
-    faults = {n: f for n, f in _recent_node_faults(hist, hist["nodes"], w["ts"], cfg.degrade_window_s,
+    # the nodes it ran on when the fault came: a drain of the faulty node may have had one
+    # of its pods replaced elsewhere since, but a gang still restarts as a whole
+    nodes = sorted(set(hist["nodes"]) | set(w.get("nodes") or []))
+    faults = {n: f for n, f in _recent_node_faults(hist, nodes, w["ts"], cfg.degrade_window_s,
                                                    until=w["deadline_ts"]).items() if f["kind"] == "node_fault"}
     _settle(hist, attempt)
     if not faults or attempt != hist["attempt"] or hist["status"] != "running":
@@ -866,7 +878,8 @@ def job_on_notice(hist: JobHistory, n: JobNotice, cfg: PolicySettings, wall_now:
         if (hist["status"] == "running" and n.node in hist["nodes"] and attempt not in hist["decided"]
                 and not any(w["attempt"] == attempt for w in waiting)):
             waiting.append({"attempt": attempt, "ts": n.ts, "deadline_ts": n.ts + cfg.correlation_grace_s,
-                            "deadline_wall": wall_now + cfg.correlation_wait_max_s, "moving": True})
+                            "deadline_wall": wall_now + cfg.correlation_wait_max_s, "moving": True,
+                            "nodes": list(hist["nodes"])})
             waiting.sort(key=lambda w: w["attempt"])
             return _next_tick(Decision(), hist)
         return Decision()
@@ -912,8 +925,9 @@ def job_on_tick(hist: JobHistory, cfg: PolicySettings, wall_now: float, ts: floa
     if (pend and pend.get("kind") == "migrate" and pend.get("deadline_wall") is not None
             and (ts >= pend["deadline_ts"] or wall_now >= pend["deadline_wall"])):
         if pend["attempt"] == hist["attempt"] and hist["status"] == "running":
-            stamp = pend["deadline_ts"] if ts >= pend["deadline_ts"] else ts
-            got = _migrate(hist, stamp, pend, reason="no checkpoint by the deadline: moved from its last checkpoint")
+            # stamped with the deadline, whichever clock woke it (a replay stamps it alike)
+            got = _migrate(hist, pend["deadline_ts"], pend,
+                           reason="no checkpoint by the deadline: moved from its last checkpoint")
             d.verdicts += got.verdicts
             d.node_notices += got.node_notices
         else:

@@ -1068,3 +1068,5 @@ async def test_checkpoint_annotates_the_live_pods_and_the_owner_once(
     assert later.outcome is Outcome.applied  # a new deadline is a new request
     with pytest.raises(PermanentError, match="deadline"):
         await backend.apply(req(ActionName.checkpoint, "ml/llama", deadline="soon"))
+    gone = await backend.apply(req(ActionName.checkpoint, "ml/ghost", deadline=1796601723.0))
+    assert gone.outcome is Outcome.already_so and "nothing runs" in gone.detail

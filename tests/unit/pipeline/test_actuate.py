@@ -252,6 +252,7 @@ def test_a_checkpoint_action_that_reached_its_scheduler_is_announced_on_telemetr
     assert "gpu-7" in (asked.reason or "")
     # not announced when it did not reach the job, nor for other actions
     assert checkpoint_request(work, record("checkpoint", Outcome.dry_run)) is None
+    assert checkpoint_request(work, record("checkpoint", Outcome.already_so)) is None  # announced the first time
     assert checkpoint_request(work, record("checkpoint", Outcome.failed)) is None
     assert checkpoint_request(work, record("requeue", Outcome.applied)) is None
 

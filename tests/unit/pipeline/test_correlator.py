@@ -127,3 +127,22 @@ def test_the_caller_hears_of_each_change_of_a_nodes_state_once() -> None:
     assert seen == [("node-0001", "isolated")]
     h = core.node("node-0001")
     assert h is not None and h["v"] == NODE_VERSION
+
+
+def test_a_move_waiting_for_a_checkpoint_stays_scheduled_through_the_jobs_other_events() -> None:
+    from schemas import JobEvent, JobEventKind, JobNotice
+
+    core = Correlator(PolicySettings(checkpoint_deadline_s=60.0), NetworkSettings())
+    core.handle(JobEvent(ts=T0, job="j", event=JobEventKind.started, nodes=["n1", "n2"]), wall_now=1000.0)
+    core.handle(JobNotice(ts=T0 + 5, job="j", node="n2", kind="node_degrading", fault_class="node_degrading",
+                          incident="inc"), wall_now=1000.0)
+    assert core.schedule.jobs == {"j": (T0 + 65, 1060.0)}
+    # our own request and the job's progress come back meanwhile: the deadline stays due
+    core.handle(JobEvent(ts=T0 + 6, job="j", event=JobEventKind.checkpoint_requested, checkpoint_deadline=T0 + 65),
+                wall_now=1001.0)
+    core.handle(JobEvent(ts=T0 + 7, job="j", event=JobEventKind.progress, step=10), wall_now=1002.0)
+    assert core.schedule.jobs == {"j": (T0 + 65, 1060.0)}
+    [tick] = core.due_job_ticks(mark=T0 + 8, wall_now=1060.0)
+    d = core.handle(tick, wall_now=1060.0)
+    assert [a.action.value for v in d.verdicts for a in v.actions] == ["requeue"]
+    assert core.schedule.jobs == {}

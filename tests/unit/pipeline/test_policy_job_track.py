@@ -264,7 +264,7 @@ def test_the_checkpoint_deadline_also_holds_in_wall_time_when_telemetry_stalls(c
     assert asked.tick_at == WALL + cfg.checkpoint_deadline_s
     assert job_on_tick(hist, cfg, WALL + cfg.checkpoint_deadline_s - 1, T0 + 20).verdicts == []
     v, a = _only(job_on_tick(hist, cfg, WALL + cfg.checkpoint_deadline_s, T0 + 20))
-    assert a.action is ActionName.requeue and v.ts == T0 + 20
+    assert a.action is ActionName.requeue and v.ts == T0 + 10 + cfg.checkpoint_deadline_s  # the deadline's time
 
 
 def test_a_job_that_ends_before_its_deadline_is_not_moved(cfg) -> None:
@@ -475,3 +475,15 @@ def test_a_checkpoint_answering_the_request_counts_whatever_attempt_it_names(cfg
     v, a = _only(d)
     assert a.action is ActionName.requeue and a.params["attempt"] == 3
     assert v.evidence["checkpoint"]["step"] == 90
+
+
+def test_a_job_whose_pod_the_drain_replaced_elsewhere_is_still_moved_as_a_whole(cfg) -> None:
+    # the node's drain evicts one pod of a gang, its controller puts a new one on another
+    # node, and the watcher reports the new placement within the grace: the job is still
+    # requeued without the faulty node (a gang restarts together from its checkpoint)
+    hist = _running(cfg)
+    job_on_notice(hist, job_notice(JOB, "node-0002", "node_fault", T0 + 60, incident="inc-79",
+                                   fault_class=FaultClass.gpu_hardware), cfg, WALL)
+    job_on_event(hist, job_event(JOB, "started", T0 + 61, nodes=["node-0001", "node-0003"]), cfg, WALL)
+    v, a = _only(job_on_tick(hist, cfg, WALL + 1, T0 + 60 + GRACE))
+    assert (a.action, a.params["exclude"]) == (ActionName.requeue, ["node-0002"])
