@@ -262,3 +262,70 @@ def test_same_scenario_gives_the_same_verdicts_with_the_kubernetes_and_the_slurm
     assert core.nodes["n2"]["spec"].get("unschedulable") is True
     assert ("isolate", "n2", "applied") in outcomes["slurm"]
     assert ("requeue", job, "applied") in outcomes["slurm"] and ("retry", other, "applied") in outcomes["slurm"]
+
+
+CHECKPOINT_SCRIPT = """#!/bin/bash
+# a training job that answers checkpoint-now: USR1 to the batch shell (scancel --signal=USR1
+# --batch, as #SBATCH --signal=B:USR1@N does before the time limit) saves and acknowledges
+# through fleetmedic.client; a requeued attempt just runs on
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then exec sleep 600; fi
+save() {
+    date +%s > "$1.usr1"
+    "$FM_PYTHON" -m fleetmedic.client --state "$1.ackstate" ack --step 1200 > "$1.ack" 2>&1
+}
+trap 'save "$1"' USR1
+sleep 600 & child=$!
+while kill -0 "$child" 2>/dev/null; do wait "$child"; done
+"""
+
+
+def test_a_batch_job_receives_usr1_and_its_ack_leads_to_the_move_and_the_drain(slurm_loop, monkeypatch):
+    bootstrap, worker, conf, work, _ = slurm_loop
+    script = work / "ckpt.sh"
+    script.write_text(CHECKPOINT_SCRIPT)
+    script.chmod(0o755)
+    marker = work / "ckpt"
+    # the job's environment (sbatch exports the submitter's): where its client sends the ack
+    for k, v in {"FLEETMEDIC_BOOTSTRAP": bootstrap, "FM_PYTHON": sys.executable, "PYTHONPATH": str(ROOT),
+                 "FLEETMEDIC_TOPIC_PREFIX": worker.topic("telemetry.job").removesuffix("telemetry.job")}.items():
+        monkeypatch.setenv(k, v)
+    out = sh(conf, "sbatch", "--parsable", "--requeue", "-N", "1", "--job-name=ckpt",
+             f"--output={work}/ckpt-%j.out", str(script), str(marker))
+    jid = out.strip().split(";")[0]
+    [node] = wait_for("the job to run", lambda: running_nodes(conf, jid), 30)
+    job = f"slurm-{jid}"
+    collect(bootstrap, worker.topic("telemetry.job"),
+            lambda rs: any(r["job"] == job and r["event"] == "started" for r in rs), timeout=30)
+
+    # a detector's degradation findings on the job's node (three: the node track's confirmations)
+    t = time.time()
+    produce(bootstrap, [(worker.topic("anomalies"), node, {
+        "schema": "anomaly/1", "ts": t + i, "id": f"sbe-{node}-{jid}-{i}", "detector": "gpu_rates",
+        "subject_type": "gpu", "subject": f"{node}/gpu3", "node": node, "gpu": 3, "kind": "ecc_sbe_rate",
+        "fault_class": "node_degrading", "score": 6.0, "severity": "warning"}) for i in range(3)])
+
+    usr1 = wait_for("USR1 delivered to the batch script", lambda: marker.with_suffix(".usr1").exists() or None, 60)
+    assert usr1
+    acts = collect(bootstrap, worker.topic("actions"),
+                   lambda rs: any(a["target"] == job and a["action"] == "checkpoint" for a in rs), timeout=30)
+    [asked] = [a for a in acts if a["target"] == job and a["action"] == "checkpoint"]
+    assert asked["outcome"] == "applied" and asked["backend"] == "slurm"
+    # the ack is the job's own checkpoint record, sent by its client
+    records = collect(bootstrap, worker.topic("telemetry.job"),
+                      lambda rs: any(r["job"] == job and r["event"] == "checkpoint" for r in rs), timeout=60)
+    ack = next(r for r in records if r["job"] == job and r["event"] == "checkpoint")
+    assert ack["checkpoint_step"] == 1200 and ack["scheduler"] == "slurm"
+
+    verdicts = collect(bootstrap, worker.topic("verdicts"),
+                       lambda rs: any(v["subject"] == job and v["actions"][0]["action"] == "requeue" for v in rs)
+                       and any(v["subject"] == node and v["actions"][0]["action"] == "drain" for v in rs), 60)
+    move = next(v for v in verdicts if v["subject"] == job and v["actions"][0]["action"] == "requeue")
+    assert move["evidence"]["reason"] == "checkpoint reached" and move["actions"][0]["params"]["exclude"] == [node]
+    drain = next(v for v in verdicts if v["subject"] == node and v["actions"][0]["action"] == "drain")
+    assert drain["ts"] >= move["ts"] >= ack["ts"]
+    new_nodes = wait_for("the job to run again elsewhere",
+                         lambda: slurm_job(conf, jid).get("Restarts") == "1" and running_nodes(conf, jid), 60)
+    assert node not in new_nodes
+    state = sh(conf, "sinfo", "-h", "-n", node, "-o", "%T").strip()
+    assert state.startswith("drain"), state
+    sh(conf, "scancel", jid)
