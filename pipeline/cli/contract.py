@@ -53,6 +53,14 @@ ACTION_PARAMS: dict[str, dict[str, str]] = {
     },
     "drain": {
         "operator": "who asked (operator decisions only)",
+        "after": "a degrading node's jobs moved off it at their checkpoint (or its deadline): why it is drained now",
+    },
+    "checkpoint": {
+        "attempt": "the attempt running on the degrading node",
+        "scheduler": "the job's scheduler",
+        "deadline": "Unix seconds (event time) by which the job should have saved its state; after it the job is "
+                    "moved from its last checkpoint (docs/checkpoint-now.md)",
+        "node": "the degrading node the job is asked to leave",
     },
     "diagnose": {
         "remedy": "NVIDIA's catalog remedy for the Xid that isolated the node (e.g. RESET_GPU, field_diagnostics)",
@@ -162,7 +170,11 @@ CLOCKS: list[tuple[str, str, tuple[str, ...], str]] = [
      "failed jobs' blame and failures that began on the node, counted within them"),
     ("Xid repeats", "event", ("policy.xid_window_s",), "one code on one GPU repeating, or 13/31/43 across jobs"),
     ("checkpoint deadline of a degrading node's job", "event", ("policy.checkpoint_deadline_s",),
-     "the job is moved at its next checkpoint or when a progress event passes the deadline"),
+     "the job is asked to save now (policy.checkpoint_now: a checkpoint action with this deadline) and moved at "
+     "its next checkpoint record, or when the telemetry watermark passes the deadline (the move is stamped with "
+     "the deadline); its node is drained once every job on it has moved"),
+    ("... its longest wait", "wall", ("policy.checkpoint_deadline_s",),
+     "telemetry stalled or absent: the job is moved this long after the request in wall time"),
     ("lemon nodes", "event", ("policy.lemon_window_s",), "returns to service within it"),
     ("switch hold of a lone node's port anomaly", "event", ("network.hold_s", "network.window_s"),
      "on the fabric's watermark (network partitions)"),
@@ -176,9 +188,12 @@ CLOCKS: list[tuple[str, str, tuple[str, ...], str]] = [
     ("actuator retries", "wall", ("actuators.base_delay_s", "actuators.max_delay_s"),
      "exponential backoff between the attempts (actuators.max_attempts) of a backend that failed temporarily; "
      "each next try is a due time kept in the worker's action_pending table, never a sleep in the stream"),
-    ("a drain refused for now (a PodDisruptionBudget)", "wall", ("actuators.drain_wait_s",),
+    ("a drain refused for now (a PodDisruptionBudget), or an action waiting on a controller", "wall",
+     ("actuators.drain_wait_s",),
      "tried again at the backoff's pace (or the server's Retry-After) past max_attempts, until this long after "
-     "its first try; other targets go on meanwhile (actuators.max_in_flight at once, each in its own order)"),
+     "its first try; other targets go on meanwhile (actuators.max_in_flight at once, each in its own order). "
+     "A requeue waits so on the training operator (a suspended PyTorchJob's pods to stop) and on Kueue (a "
+     "deactivated Workload's job to be suspended), looking again every second"),
     ("a pod's drain mode (Kubernetes)", "wall", ("actuators.drain_timeout_s",),
      "DeleteAfterTimeout pods are evicted once the drain has waited this long since its first try (a pod's "
      "fleetmedic.dev/drain-timeout-s overrides it); AllowCompletion pods are never evicted, the drain waits "
