@@ -189,9 +189,9 @@ class Correlator:
         """Rebuild the schedule from the stored state (after a restart or a rebalance)."""
         for job, raw in list(self.jobs.items()):
             if raw:
-                due = policy.job_due(load_job(raw))
-                if due is not None:
-                    self.schedule.jobs[job] = due
+                job_due = policy.job_due(load_job(raw))
+                if job_due is not None:
+                    self.schedule.jobs[job] = job_due
         for sw, raw in list(self.switches.items()):
             if raw:
                 due = policy.switch_due(load_switch(raw))
