@@ -23,7 +23,8 @@ is then run with each of six policies acting:
   (the repeat-failure rules: a node in many small failed jobs, or the node failures keep
   beginning on, which the scheduler reports for every cause but silent data corruption,
   ``field.toml`` ``[hidden]``) and ``diag_passed`` / ``diag_failed`` notices (the lemon rule).
-* ``fleetmedic_checkpoint_now``: fleetmedic, and when a node of a running job shows a sign
+* ``fleetmedic_checkpoint_now``: fleetmedic with ``policy.checkpoint_now`` (the default;
+  the ``fleetmedic`` policy above models it off): when a node of a running job shows a sign
   before it fails (``field.toml`` ``[precursors]``: the degrading kinds, found or not by the
   real detectors in the incident's micro-simulation) it asks the job to save now; a job
   that answers (``[checkpoint_now]`` ``non_honouring_share`` do not) loses the save and the
