@@ -259,6 +259,18 @@ ensure_token() {
 
 api_served() { api_get "$1" >/dev/null 2>&1; }
 
+# true once every served version of the CRDs in FILES is in the API server's discovery
+# (a group is served as soon as one of its CRDs is; a controller that maps all its kinds
+# at start fails on one that is not established yet)
+crds_established() {
+    local gv plural doc
+    while read -r gv plural; do
+        [[ -n "$gv" ]] || continue
+        doc="$(api_get "/apis/$gv" 2>/dev/null)" || return 1
+        grep -Eq "\"name\": ?\"$plural\"" <<<"$doc" || return 1
+    done < <("$(python_bin)" "$REPO_DIR/deploy/k8s_objects.py" crd-resources "$@")
+}
+
 probe_ready() { curl -sf --max-time 5 "http://127.0.0.1:$(port_of "$1")/readyz" >/dev/null; }
 
 write_kueue_config() {
@@ -298,7 +310,7 @@ start_kueue() {
     fi
     ensure_namespace kueue-system
     apply_objects crds "$dir"/crds/*.yaml
-    wait_for "Kueue's CRDs" "$deadline" api_served /apis/kueue.x-k8s.io/v1beta2
+    wait_for "Kueue's CRDs" "$deadline" crds_established "$dir"/crds/*.yaml
     write_kueue_config "$certs"
     write_kubeconfig "$STATE_DIR/kueue.kubeconfig" kueue
     log "starting Kueue $KUEUE_VERSION (webhooks on https://127.0.0.1:$(port_of kueue-webhook))"
@@ -317,7 +329,7 @@ start_training_operator() {
     printf '{"apiVersion":"v1","kind":"Secret","metadata":{"name":"training-operator-webhook-cert","namespace":"kubeflow"}}' |
         api_apply /api/v1/namespaces/kubeflow/secrets/training-operator-webhook-cert
     apply_objects crds "$dir"/crds/*.yaml
-    wait_for "the PyTorchJob CRD" "$deadline" api_served /apis/kubeflow.org/v1
+    wait_for "the PyTorchJob CRD" "$deadline" crds_established "$dir"/crds/*.yaml
     # its certificate rotator starts the controllers only once it has injected its CA into
     # this configuration: registered, selecting no object (see deploy/k8s_objects.py)
     apply_objects webhooks "$dir/webhook/manifests.yaml" --url "https://127.0.0.1:$(port_of training-operator-webhook)" \

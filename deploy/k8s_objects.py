@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("crds", help="the CustomResourceDefinitions in FILEs")
     c.add_argument("files", nargs="+", type=Path)
+    r = sub.add_parser("crd-resources", help="'<group>/<version> <plural>' of every served version of the CRDs")
+    r.add_argument("files", nargs="+", type=Path)
     w = sub.add_parser("webhooks", help="webhook configurations pointed at a loopback URL")
     w.add_argument("manifest", type=Path)
     w.add_argument("--url", required=True)
@@ -89,6 +91,15 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"select no object (label {INERT_LABEL}): registered for a controller that requires its "
                         "configuration to exist, never called")
     a = p.parse_args(argv)
+    if a.cmd == "crd-resources":
+        for f in a.files:
+            for d in docs(f):
+                if d.get("kind") == "CustomResourceDefinition":
+                    spec = d["spec"]
+                    for v in spec.get("versions") or []:
+                        if v.get("served"):
+                            print(f"{spec['group']}/{v['name']} {spec['names']['plural']}")
+        return 0
     if a.cmd == "crds":
         objs = [d for f in a.files for d in docs(f) if d.get("kind") == "CustomResourceDefinition"]
     else:
