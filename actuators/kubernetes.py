@@ -395,8 +395,7 @@ class KubernetesBackend:
         self.drain_timeout_s = drain_timeout_s
         self.core = core
         self.batch = batch
-        #: reads and patches workloads of any kind (built-in groups as well) as JSON
-        self.custom = custom if custom is not None else CustomObjectsApi(core.api_client)
+        self._custom = custom
         #: namespace of the diagnostics Jobs
         self.namespace = namespace
         #: namespace of workloads named without one
@@ -419,6 +418,14 @@ class KubernetesBackend:
         #: two cores, which capped a burst of isolations far below what the server takes)
         self.max_requests = max_requests
         self._executor = ThreadPoolExecutor(max_workers=max_requests, thread_name_prefix="kube-api")
+
+    @property
+    def custom(self) -> CustomObjectsApi:
+        """Reads and patches workloads of any kind (built-in groups as well) as JSON; made
+        on first use from the core API's client unless one was given."""
+        if self._custom is None:
+            self._custom = CustomObjectsApi(self.core.api_client)
+        return self._custom
 
     @classmethod
     def from_config(
@@ -1103,7 +1110,12 @@ class KubernetesBackend:
         """Requeue (or restart) a workload in its controller's terms (see the module doc)."""
         if request.params.get("label_key"):  # a workload named by its pods' label alone
             return await self._delete_pods(request, frozenset(exclude))
-        wl, pods = await self._resolve(request.target)
+        try:
+            wl, pods = await self._resolve(request.target)
+        except PermanentError as exc:
+            if "not found" not in str(exc):
+                raise
+            return ActionResult(Outcome.already_so, f"{exc}: nothing of it is left to move")
         if wl is None:
             return await self._delete_pods(request, frozenset(exclude), pods)
         if wk.kueue_managed(wl.obj):

@@ -892,7 +892,21 @@ def job_on_notice(hist: JobHistory, n: JobNotice, cfg: PolicySettings, wall_now:
             "deadline_wall": wall_now + cfg.checkpoint_deadline_s, "asked_ts": n.ts,
         }
         d = Decision(verdicts=[_ask_checkpoint(hist, n, pend)] if cfg.checkpoint_now else [])
+        ck = hist["checkpoint"]
+        if ck and ck.get("ts") is not None and ck["ts"] >= n.ts:
+            # it saved after the node degraded (in event time), and its record came here
+            # first (the notice travels through the node's owner): it moves now, as it
+            # would have had the two come in event-time order
+            got = _migrate(hist, ck["ts"], pend, reason="checkpoint reached")
+            d.verdicts += got.verdicts
+            d.node_notices += got.node_notices
         return _next_tick(d, hist)
+    if hist["status"] != "running" or n.node not in hist["nodes"]:
+        # not running there (it ended, failed or moved meanwhile): the node need not wait
+        # for it before it is drained
+        return Decision(node_notices=[NodeNotice(ts=n.ts, node=n.node, kind="job_moved", job=hist["job"],
+                                                 attempt=hist["attempt"], reason="not running on it",
+                                                 signature=n.incident)])
     return Decision()
 
 

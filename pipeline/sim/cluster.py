@@ -161,8 +161,9 @@ class Job:
     failed_at: float | None = None
     exclude: set[str] = field(default_factory=set)
     from_checkpoint: bool = False
-    #: fleetmedic asked it to save its state now (checkpoint-now): it does at its next step
-    checkpoint_asked: bool = False
+    #: when fleetmedic asked it to save its state now (checkpoint-now); it has saved
+    #: ``SimConfig.checkpoint_save_s`` later
+    checkpoint_asked: float | None = None
 
 
 @dataclass
@@ -173,6 +174,8 @@ class SimConfig:
     seed: int = 1
     utilization: float = 0.7
     checkpoint_every: float = 60.0
+    #: seconds a job takes to save its state when asked to now (checkpoint-now)
+    checkpoint_save_s: float = 30.0
     progress_every: float = 10.0
     network_every: float = 5.0
     diag_duration: float = 60.0
@@ -560,8 +563,9 @@ class Cluster:
             if j.user_bug_after is not None and elapsed >= j.user_bug_after:
                 self._user_bug(j)
                 continue
-            if j.checkpoint_asked or (elapsed > 0 and int(elapsed) % int(self.cfg.checkpoint_every) == 0):
-                j.checkpoint_asked = False
+            asked_done = j.checkpoint_asked is not None and self.now - j.checkpoint_asked >= self.cfg.checkpoint_save_s
+            if asked_done or (elapsed > 0 and int(elapsed) % int(self.cfg.checkpoint_every) == 0):
+                j.checkpoint_asked = None
                 j.checkpoint_step = int(j.step)
                 self.job_event(j, "checkpoint", step=int(j.step), checkpoint_step=j.checkpoint_step)
             if elapsed > 0 and int(elapsed) % int(self.cfg.progress_every) == 0:
@@ -680,7 +684,7 @@ class Cluster:
     def _restart(self, j: Job, *, same_nodes: bool, exclude: list[str] | None = None) -> None:
         j.attempt += 1
         j.from_checkpoint = True
-        j.checkpoint_asked = False
+        j.checkpoint_asked = None
         j.exclude |= set(exclude or [])
         prev = list(j.nodes)
         j.status = "pending"
@@ -780,10 +784,10 @@ class Cluster:
         if action == "checkpoint":
             if j.status != "running":
                 return "already_so", f"job is {j.status}: nothing to save"
-            if j.checkpoint_asked:
+            if j.checkpoint_asked is not None:
                 return "already_so", "the job was asked already"
-            j.checkpoint_asked = True
-            return "applied", "asked to save its state now (at its next step)"
+            j.checkpoint_asked = self.now
+            return "applied", f"asked to save its state now (saved {self.cfg.checkpoint_save_s:g} s later)"
         if action in ("retry", "restart"):
             self._restart(j, same_nodes=True)
             return "applied", f"attempt {j.attempt} on the same nodes"

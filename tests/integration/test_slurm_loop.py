@@ -205,7 +205,7 @@ def test_same_scenario_gives_the_same_verdicts_with_the_kubernetes_and_the_slurm
     from pipeline.actuate.core import Actuation
     from pipeline.config import load_settings
     from pipeline.eval.replay import LocalPipeline
-    from tests.unit.actuators.test_kubernetes import FakeBatchV1Api, FakeCoreV1Api
+    from tests.unit.actuators.test_kubernetes import FakeBatchV1Api, FakeCoreV1Api, FakeCustomObjectsApi
 
     # two real Slurm jobs so that the Slurm backend acts on real objects
     script = tmp_path / "run.sh"
@@ -245,7 +245,7 @@ def test_same_scenario_gives_the_same_verdicts_with_the_kubernetes_and_the_slurm
     for n in ("n1", "n2", "n3", "n4"):
         core.add_node(n)
     backends = {
-        "kubernetes": KubernetesBackend(core, batch),  # type: ignore[arg-type]
+        "kubernetes": KubernetesBackend(core, batch, custom=FakeCustomObjectsApi(batch)),  # type: ignore[arg-type]
         "slurm": SlurmBackend(slurm_conf=slurm_conf, diag_command="true"),
     }
     outcomes = {}
@@ -279,8 +279,25 @@ while kill -0 "$child" 2>/dev/null; do wait "$child"; done
 """
 
 
-def test_a_batch_job_receives_usr1_and_its_ack_leads_to_the_move_and_the_drain(slurm_loop, monkeypatch):
-    bootstrap, worker, conf, work, _ = slurm_loop
+@pytest.fixture
+def fresh_loop(kafka_bootstrap, slurm_conf, tmp_path):
+    """A worker and a watcher of their own: the jobs earlier tests ran (and cancelled)
+    are not on this worker's nodes, where they would each be asked to checkpoint first."""
+    env = {"FLEETMEDIC_ACTUATORS__BACKEND": "slurm", "FLEETMEDIC_ACTUATORS__SLURM_CONF": slurm_conf,
+           "FLEETMEDIC_SAFETY__FLEET_SIZE": "4", "FLEETMEDIC_SAFETY__MAX_FRACTION": "0.5", "SLURM_CONF": slurm_conf}
+    worker = Worker(kafka_bootstrap, sim_url="http://127.0.0.1:9", env=env).start()
+    log = open(tmp_path / "watcher.log", "w")
+    watcher = subprocess.Popen([sys.executable, "-m", "pipeline", "watch-slurm", "--interval", "0.5"], cwd=ROOT,
+                               env=worker.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    yield kafka_bootstrap, worker, slurm_conf, tmp_path
+    watcher.terminate()
+    watcher.wait(10)
+    log.close()
+    worker.stop()
+
+
+def test_a_batch_job_receives_usr1_and_its_ack_leads_to_the_move_and_the_drain(fresh_loop, monkeypatch):
+    bootstrap, worker, conf, work = fresh_loop
     script = work / "ckpt.sh"
     script.write_text(CHECKPOINT_SCRIPT)
     script.chmod(0o755)
@@ -297,7 +314,9 @@ def test_a_batch_job_receives_usr1_and_its_ack_leads_to_the_move_and_the_drain(s
     collect(bootstrap, worker.topic("telemetry.job"),
             lambda rs: any(r["job"] == job and r["event"] == "started" for r in rs), timeout=30)
 
-    # a detector's degradation findings on the job's node (three: the node track's confirmations)
+    # a detector's degradation findings on the job's node (three: the node track's confirmations),
+    # once the job's placement has reached the node's owner (a notice after its start record)
+    time.sleep(2)
     t = time.time()
     produce(bootstrap, [(worker.topic("anomalies"), node, {
         "schema": "anomaly/1", "ts": t + i, "id": f"sbe-{node}-{jid}-{i}", "detector": "gpu_rates",

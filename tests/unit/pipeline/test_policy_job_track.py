@@ -487,3 +487,35 @@ def test_a_job_whose_pod_the_drain_replaced_elsewhere_is_still_moved_as_a_whole(
     job_on_event(hist, job_event(JOB, "started", T0 + 61, nodes=["node-0001", "node-0003"]), cfg, WALL)
     v, a = _only(job_on_tick(hist, cfg, WALL + 1, T0 + 60 + GRACE))
     assert (a.action, a.params["exclude"]) == (ActionName.requeue, ["node-0002"])
+
+
+def test_a_checkpoint_saved_after_the_degradation_moves_the_job_in_either_arrival_order(cfg) -> None:
+    notice = job_notice(JOB, "node-0002", "node_degrading", T0 + 10, incident="inc-sbe",
+                        fault_class=FaultClass.node_degrading)
+    saved = job_event(JOB, "checkpoint", T0 + 11, nodes=NODES, checkpoint_step=300)
+    got = []
+    for first, second in ((notice, saved), (saved, notice)):  # event-time order, then the record first
+        hist = _running(cfg)
+        verdicts = []
+        for rec in (first, second):
+            d = (job_on_event(hist, rec, cfg, WALL) if rec.schema_ == "job/1" else job_on_notice(hist, rec, cfg, WALL))
+            verdicts += [(v.ts, v.id, v.actions[0].action, v.evidence.get("reason")) for v in d.verdicts]
+        got.append(sorted(verdicts))
+    assert got[0] == got[1]
+    assert [a for _, _, a, _ in got[0]] == [ActionName.checkpoint, ActionName.requeue]
+    assert got[0][1][0] == T0 + 11 and got[0][1][3] == "checkpoint reached"
+    # a checkpoint from before the degradation does not move it
+    hist = _running(cfg)
+    job_on_event(hist, job_event(JOB, "checkpoint", T0 + 9, nodes=NODES, checkpoint_step=200), cfg, WALL)
+    assert [v.actions[0].action for v in job_on_notice(hist, notice, cfg, WALL).verdicts] == [ActionName.checkpoint]
+
+
+def test_a_job_no_longer_on_a_degrading_node_answers_at_once_so_the_drain_need_not_wait(cfg) -> None:
+    hist = _running(cfg)
+    job_on_event(hist, job_event(JOB, "failed", T0 + 5, nodes=NODES, exit_code=1, reason="x"), cfg, WALL)
+    d = job_on_notice(hist, job_notice(JOB, "node-0002", "node_degrading", T0 + 10, incident="inc-sbe",
+                                       fault_class=FaultClass.node_degrading), cfg, WALL)
+    assert d.verdicts == []
+    [moved] = d.node_notices
+    assert (moved.kind, moved.node, moved.signature, moved.reason) == ("job_moved", "node-0002", "inc-sbe",
+                                                                         "not running on it")
