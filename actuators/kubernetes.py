@@ -321,6 +321,11 @@ class _NodeView:
     quarantined: bool
 
 
+class WorkloadGone(PermanentError):
+    """No Job, PyTorchJob or pod of that name: nothing of the workload is left (a stop
+    fails on it; a move or a checkpoint has nothing to do)."""
+
+
 @dataclass(frozen=True)
 class _Workload:
     """A job's top owner as the API server serves it, and the pods found for it."""
@@ -330,6 +335,13 @@ class _Workload:
     name: str
     obj: dict[str, Any]
     pods: list[V1Pod]
+
+
+def _requeue_mark(wl: _Workload, request: ActionRequest, phase: str) -> dict[str, Any]:
+    """A merge patch recording ``phase`` of this verdict's requeue on the workload,
+    conditional on the version read (``fleetmedic.io/requeue: <verdict>:<phase>``)."""
+    return {"metadata": {"resourceVersion": wk.meta(wl.obj).get("resourceVersion"),
+                         "annotations": {ANNOTATION_REQUEUE: f"{request.verdict_id}:{phase}"}}}
 
 
 def _merge(*patches: dict[str, Any] | None) -> dict[str, Any]:
@@ -1076,7 +1088,7 @@ class KubernetesBackend:
             if obj is None or kind is None:
                 if pods:
                     return None, pods
-                raise PermanentError(f"job {namespace}/{name} not found: no Job, PyTorchJob or pods of that name")
+                raise WorkloadGone(f"job {namespace}/{name} not found: no Job, PyTorchJob or pods of that name")
             ref = wk.controller_of(obj)
         for _ in range(8):  # owner chains are short; a cycle is not followed for ever
             if ref is None:
@@ -1112,17 +1124,26 @@ class KubernetesBackend:
             return await self._delete_pods(request, frozenset(exclude))
         try:
             wl, pods = await self._resolve(request.target)
-        except PermanentError as exc:
-            if "not found" not in str(exc):
-                raise
+        except WorkloadGone as exc:
             return ActionResult(Outcome.already_so, f"{exc}: nothing of it is left to move")
         if wl is None:
             return await self._delete_pods(request, frozenset(exclude), pods)
-        if wk.kueue_managed(wl.obj):
-            return await self._requeue_through_kueue(request, wl, exclude)
-        if wl.kind == wk.JOB:
+        kueue = wk.kueue_managed(wl.obj)
+        if wl.kind == wk.JOB and not kueue:
             return await self._delete_pods(request, frozenset(exclude), wl.pods)
-        return await self._requeue_by_suspending(request, wl, exclude)
+        # a requeue that suspends and resumes records its steps on the job: the phase this
+        # verdict reached ("" when it has not begun)
+        verdict, phase = wk.requeue_mark(wl.obj, ANNOTATION_REQUEUE)
+        phase = phase if verdict == request.verdict_id else ""
+        if phase == "resumed":
+            return ActionResult(Outcome.already_so, f"{wl.kind.kind} {wl.namespace}/{wl.name} already requeued "
+                                                    f"for verdict {request.verdict_id}")
+        done = self._ended(wl, exclude)
+        if done is not None:
+            return done
+        if kueue:
+            return await self._requeue_through_kueue(request, wl, exclude, phase)
+        return await self._requeue_by_suspending(request, wl, exclude, phase)
 
     def _ended(self, wl: _Workload, exclude: list[str]) -> ActionResult | None:
         """``already_so`` for a workload that succeeded; a :class:`PermanentError` for one
@@ -1138,24 +1159,16 @@ class KubernetesBackend:
                 f"resubmit a failed job: resubmit it{' without ' + ', '.join(exclude) if exclude else ''}")
         return None
 
-    async def _requeue_by_suspending(self, request: ActionRequest, wl: _Workload, exclude: list[str]) -> ActionResult:
+    async def _requeue_by_suspending(self, request: ActionRequest, wl: _Workload, exclude: list[str],
+                                     phase: str) -> ActionResult:
         """A PyTorchJob: the suspect nodes excluded on every replica template and the job
         suspended in one conditional patch; once the training operator has stopped its pods,
         resumed.  Its progress is kept on the job (``fleetmedic.io/requeue``), so a retried
         or replayed action carries on where it was."""
         ref = f"{wl.kind.kind} {wl.namespace}/{wl.name}"
-        verdict, phase = wk.requeue_mark(wl.obj, ANNOTATION_REQUEUE)
-        if verdict == request.verdict_id and phase == "resumed":
-            return ActionResult(Outcome.already_so, f"{ref} already restarted for verdict {request.verdict_id}")
-        done = self._ended(wl, exclude)
-        if done is not None:
-            return done
-        rv = wk.meta(wl.obj).get("resourceVersion")
-        if verdict != request.verdict_id:
+        if not phase:
             body = _merge(wk.exclusion_patch(wl.kind, wl.obj, exclude) if exclude else None,
-                          wk.suspend_patch(wl.kind, True),
-                          {"metadata": {"resourceVersion": rv,
-                                        "annotations": {ANNOTATION_REQUEUE: f"{request.verdict_id}:suspended"}}})
+                          wk.suspend_patch(wl.kind, True), _requeue_mark(wl, request, "suspended"))
             await self._patch(wl.kind, wl.namespace, wl.name, body)
             await self._job_event_on(wl, request, "FleetmedicRequeue",
                                      f"verdict {request.verdict_id}: suspended to restart"
@@ -1165,10 +1178,8 @@ class KubernetesBackend:
         left = [p for p in await self._pods_of(wl.namespace, wl.name) if _phase(p) not in ("Succeeded", "Failed")]
         if left:
             raise Waiting(f"{ref} suspended; {len(left)} of its pods still to stop", delay=CONTROLLER_POLL_S)
-        await self._patch(wl.kind, wl.namespace, wl.name, _merge(
-            wk.suspend_patch(wl.kind, False),
-            {"metadata": {"resourceVersion": rv,
-                          "annotations": {ANNOTATION_REQUEUE: f"{request.verdict_id}:resumed"}}}))
+        await self._patch(wl.kind, wl.namespace, wl.name,
+                          _merge(wk.suspend_patch(wl.kind, False), _requeue_mark(wl, request, "resumed")))
         detail = (f"{ref} restarted from its last checkpoint"
                   + (f", kept off {', '.join(exclude)} by node affinity" if exclude else ""))
         await self._job_event_on(wl, request, "FleetmedicRequeue", f"verdict {request.verdict_id}: {detail}")
@@ -1190,29 +1201,19 @@ class KubernetesBackend:
             if bool((w.get("spec") or {}).get("active", True)) != active:
                 await self._patch(wk.WORKLOAD, ns, str(wk.meta(w).get("name")), {"spec": {"active": active}})
 
-    async def _requeue_through_kueue(self, request: ActionRequest, wl: _Workload, exclude: list[str]) -> ActionResult:
+    async def _requeue_through_kueue(self, request: ActionRequest, wl: _Workload, exclude: list[str],
+                                     phase: str) -> ActionResult:
         """A job Kueue admits: its Workload deactivated (Kueue evicts it and suspends the
         job); once suspended with its pods stopped, the suspect nodes excluded on its pod
         templates; the Workload activated again, so Kueue admits it anew.  Each step is
         recorded on the job (``fleetmedic.io/requeue``) and observed before the next."""
         ref = f"{wl.kind.kind} {wl.namespace}/{wl.name} (Kueue)"
-        verdict, phase = wk.requeue_mark(wl.obj, ANNOTATION_REQUEUE)
-        if verdict == request.verdict_id and phase == "resumed":
-            return ActionResult(Outcome.already_so, f"{ref} already requeued for verdict {request.verdict_id}")
-        done = self._ended(wl, exclude)
-        if done is not None:
-            return done
         workloads = await self._workloads_of(wl)
-        rv = wk.meta(wl.obj).get("resourceVersion")
 
-        def mark(ph: str) -> dict[str, Any]:
-            return {"metadata": {"resourceVersion": rv,
-                                 "annotations": {ANNOTATION_REQUEUE: f"{request.verdict_id}:{ph}"}}}
-
-        if verdict != request.verdict_id:
+        if not phase:
             if not workloads:
                 raise Waiting(f"{ref}: Kueue has no Workload for it yet", delay=CONTROLLER_POLL_S)
-            await self._patch(wl.kind, wl.namespace, wl.name, mark("deactivated"))
+            await self._patch(wl.kind, wl.namespace, wl.name, _requeue_mark(wl, request, "deactivated"))
             await self._set_active(workloads, False, wl.namespace)
             await self._job_event_on(wl, request, "FleetmedicRequeue",
                                      f"verdict {request.verdict_id}: Workload deactivated to requeue it")
@@ -1224,12 +1225,12 @@ class KubernetesBackend:
             live = [p for p in await self._pods_of(wl.namespace, wl.name) if _phase(p) not in ("Succeeded", "Failed")]
             if live or (wl.kind == wk.JOB and (wl.obj.get("status") or {}).get("startTime")):
                 raise Waiting(f"{ref}: suspended; {len(live)} of its pods still to stop", delay=CONTROLLER_POLL_S)
-            body = _merge(wk.exclusion_patch(wl.kind, wl.obj, exclude) if exclude else None, mark("excluded"))
+            body = _merge(wk.exclusion_patch(wl.kind, wl.obj, exclude) if exclude else None, _requeue_mark(wl, request, "excluded"))
             await self._patch(wl.kind, wl.namespace, wl.name, body)
             raise Waiting(f"{ref}: nodes excluded; activating its Workload", delay=0.0)
         # excluded: Kueue may have replaced the Workload after the template changed
         await self._set_active(workloads, True, wl.namespace)
-        await self._patch(wl.kind, wl.namespace, wl.name, mark("resumed"))
+        await self._patch(wl.kind, wl.namespace, wl.name, _requeue_mark(wl, request, "resumed"))
         detail = (f"{ref} requeued through Kueue" + (f", kept off {', '.join(exclude)} by node affinity"
                                                         if exclude else ""))
         await self._job_event_on(wl, request, "FleetmedicRequeue", f"verdict {request.verdict_id}: {detail}")
@@ -1261,9 +1262,7 @@ class KubernetesBackend:
         label_key = request.params.get("label_key")
         try:
             wl, pods = (None, []) if label_key else await self._resolve(request.target)
-        except PermanentError as exc:
-            if "not found" not in str(exc):
-                raise
+        except WorkloadGone as exc:
             return ActionResult(Outcome.already_so, f"{exc}: nothing runs to save its state")
         namespace, name = (wl.namespace, wl.name) if wl else self._job_ref(request.target)
         pods = pods or await self._pods_of(namespace, name, label_key)

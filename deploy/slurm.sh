@@ -264,29 +264,22 @@ stepd_pids() {
 
 # ----------------------------------------------------------------- config ---
 
-# Unix socket paths are limited to 108 bytes; fall back to a short dir in /tmp.
-munge_socket_path() {
-    local sock="$MUNGE_DIR/munge.socket"
-    if ((${#sock} > 100)); then
-        local h
+# Unix socket paths are limited to 108 bytes: PATH if it is short enough, else a
+# socket NAME in a short dir in /tmp named by KIND and this state dir
+short_socket() {
+    local path="$1" kind="$2" name="$3" h
+    if ((${#path} > 100)); then
         h="$(printf '%s' "$STATE_DIR" | sha1sum | cut -c1-12)"
-        sock="${TMPDIR:-/tmp}/fleetmedic-munge-$h/munge.socket"
-        ((${#sock} <= 100)) || die "no usable munge socket path (TMPDIR too long)"
+        path="${TMPDIR:-/tmp}/fleetmedic-$kind-$h/$name"
+        ((${#path} <= 100)) || die "no usable $kind socket path (TMPDIR too long)"
     fi
-    printf '%s\n' "$sock"
+    printf '%s\n' "$path"
 }
 
-# MariaDB's socket (only this script talks through it; slurmdbd uses TCP),
-# short enough for a Unix socket path
-db_socket_path() {
-    local sock="$RUN_DIR/mysqld.sock"
-    if ((${#sock} > 100)); then
-        local h
-        h="$(printf '%s' "$STATE_DIR" | sha1sum | cut -c1-12)"
-        sock="${TMPDIR:-/tmp}/fleetmedic-mysql-$h/mysqld.sock"
-    fi
-    printf '%s\n' "$sock"
-}
+munge_socket_path() { short_socket "$MUNGE_DIR/munge.socket" munge munge.socket; }
+
+# MariaDB's socket (only this script talks through it; slurmdbd uses TCP)
+db_socket_path() { short_socket "$RUN_DIR/mysqld.sock" mysql mysqld.sock; }
 
 # slurmstepd puts Unix sockets in the spool dir (<spool>/nX/nX_<job>.<step>,
 # up to ~30 more bytes); with a long state dir, point Slurm at a short symlink.

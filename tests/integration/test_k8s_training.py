@@ -152,18 +152,27 @@ def _excluded(template: dict[str, Any]) -> list[str]:
                    if e["key"] == "kubernetes.io/hostname" and e["operator"] == "NotIn" for v in e["values"]})
 
 
+def _start_pytorchjob(training, name: str, *, pool: str, prefer: str, rtype: str) -> tuple[str, list[Any], str]:
+    """Submit a PyTorchJob, wait for its two pods to run and for the watcher's start
+    record of both; its id, its pods and the node of its ``rtype`` replica."""
+    bootstrap, worker, c, custom, ns, _, _ = training
+    custom.create_namespaced_custom_object("kubeflow.org", "v1", ns, "pytorchjobs",
+                                           _pytorchjob(name, pool=pool, prefer=prefer))
+    pods = _running(c, ns, name, 2)
+    node = next(p.spec.node_name for p in pods if p.metadata.labels["training.kubeflow.org/replica-type"] == rtype)
+    job = f"{ns}/{name}"
+    collect(bootstrap, worker.topic("telemetry.job"),
+            lambda rs: any(r["job"] == job and r["event"] == "started" and len(r["nodes"]) == 2 for r in rs), 60)
+    return job, pods, node
+
+
 def _actions(bootstrap: str, worker: Worker, until, timeout: float = 90) -> list[dict[str, Any]]:
     return collect(bootstrap, worker.topic("actions"), until, timeout)
 
 
 def test_a_pytorchjob_on_a_node_with_xid79_is_restarted_by_its_operator_without_that_node(training):
     bootstrap, worker, c, custom, ns, kubelet, _ = training
-    custom.create_namespaced_custom_object("kubeflow.org", "v1", ns, "pytorchjobs", _pytorchjob("llama", pool="pj", prefer="pj2"))
-    pods = _running(c, ns, "llama", 2)
-    bad = next(p.spec.node_name for p in pods if p.metadata.labels["training.kubeflow.org/replica-type"] == "worker")
-    job = f"{ns}/llama"
-    collect(bootstrap, worker.topic("telemetry.job"),
-            lambda rs: any(r["job"] == job and r["event"] == "started" and len(r["nodes"]) == 2 for r in rs), 60)
+    job, pods, bad = _start_pytorchjob(training, "llama", pool="pj", prefer="pj2", rtype="worker")
     old = {p.metadata.uid for p in pods}
 
     _xid79(bootstrap, worker, bad)
@@ -253,12 +262,7 @@ def _client(args: list[str], env: dict[str, str], work: Path) -> subprocess.Comp
 
 def test_checkpoint_now_round_trip_the_request_the_ack_then_the_move_and_the_drain(training):
     bootstrap, worker, c, custom, ns, kubelet, work = training
-    custom.create_namespaced_custom_object("kubeflow.org", "v1", ns, "pytorchjobs", _pytorchjob("ckpt", pool="ck", prefer="ck1"))
-    pods = _running(c, ns, "ckpt", 2)
-    node = next(p.spec.node_name for p in pods if p.metadata.labels["training.kubeflow.org/replica-type"] == "master")
-    job = f"{ns}/ckpt"
-    collect(bootstrap, worker.topic("telemetry.job"),
-            lambda rs: any(r["job"] == job and r["event"] == "started" and len(r["nodes"]) == 2 for r in rs), 60)
+    job, pods, node = _start_pytorchjob(training, "ckpt", pool="ck", prefer="ck1", rtype="master")
 
     _degrade(bootstrap, worker, node)
     asked = wait_for("the checkpoint request on the job's pods", lambda: next(

@@ -4,10 +4,17 @@ and a failure into the node where it began (``sacct``'s answers from a fake clie
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
 from pipeline.watch.slurm import AccountingDisabled, Scontrol, SlurmJobWatcher
+from tests.unit.actuators.test_slurm_sacct import ONE_TWO_NODE_STEP, TWO_ONE_NODE_STEPS
+
+
+def renumbered(sacct: str, jid: int) -> str:
+    """``sacct`` rows of the local cluster's job, as rows of job ``jid``."""
+    return re.sub(r"^\d+(?=[|.])", str(jid), sacct, flags=re.M)
 
 
 def line(jid, state, nodes="n[1-2]", restarts=0, exit_code="0:0", reason="None", comment="(null)", stderr="/dev/null"):
@@ -71,25 +78,15 @@ def test_cancelled_jobs_produce_no_failure():
 
 
 # --------------------------------------------------------------------- origin_node
-#: sacct of a 2-node job whose one-node srun on n2 failed first (Slurm 22.05.8, slurmdbd;
-#: see tests/unit/actuators/test_slurm_sacct.py for where the rows come from)
-SACCT_N2_FIRST = """\
-7|FAILED|1:0|n[1-2]|2026-12-06T23:31:38|2026-12-06T23:31:39
-7.batch|FAILED|1:0|n1|2026-12-06T23:31:38|2026-12-06T23:31:39
-7.0|CANCELLED|0:15|n1|2026-12-06T23:31:38|2026-12-06T23:31:39
-7.1|FAILED|3:0|n2|2026-12-06T23:31:38|2026-12-06T23:31:39
-"""
-#: the same job before the database has its end
+#: sacct of a 2-node job whose one-node srun on n2 failed first (Slurm 22.05.8, slurmdbd:
+#: the rows of tests/unit/actuators/test_slurm_sacct.py, where they come from)
+SACCT_N2_FIRST = renumbered(TWO_ONE_NODE_STEPS, 7)
 SACCT_NOT_YET = """\
 7|RUNNING|0:0|n[1-2]|2026-12-06T23:31:38|Unknown
 7.batch|RUNNING|0:0|n1|2026-12-06T23:31:38|Unknown
 7.1|FAILED|3:0|n2|2026-12-06T23:31:38|2026-12-06T23:31:39
 """
-SACCT_TWO_NODE_STEP = """\
-7|FAILED|15:0|n1|2026-12-06T23:31:56|2026-12-06T23:31:57
-7.batch|FAILED|15:0|n1|2026-12-06T23:31:56|2026-12-06T23:31:57
-7.0|FAILED|4:0|n[1-2]|2026-12-06T23:31:56|2026-12-06T23:31:57
-"""
+SACCT_TWO_NODE_STEP = renumbered(ONE_TWO_NODE_STEP, 7)
 
 
 def oneliner(info):
