@@ -326,9 +326,11 @@ def test_checkpoint_now_without_an_answer_moves_the_job_at_the_deadline(training
     move = next(v for v in verdicts if v["subject"] == job and v["actions"][0]["action"] == "requeue")
     assert "deadline" in move["evidence"]["reason"]
     assert time.time() - asked_at >= DEADLINE_S - 1  # not before the deadline
-    acts = _actions(bootstrap, worker, lambda rs: any(a["target"] == node and a["action"] == "drain"
-                                                      and a["outcome"] in ("applied", "already_so") for a in rs), 90)
     # the drain and the move go together: whichever comes first moves the pod (the other is already so)
+    acts = _actions(bootstrap, worker, lambda rs: any(a["target"] == node and a["action"] == "drain" for a in rs)
+                    and any(a["target"] == job and a["action"] == "requeue" for a in rs), 90)
+    assert any(a["target"] == node and a["action"] == "drain" and a["outcome"] in ("applied", "already_so")
+               for a in acts)
     assert any(a["target"] == job and a["action"] == "requeue" and a["outcome"] in ("applied", "already_so")
                for a in acts)
     wait_for("the silent job's pod evicted from the node", lambda: not [
