@@ -200,21 +200,22 @@ def _univariate_findings(det: UnivariateDetector, scores: np.ndarray) -> list[Fi
 def _detector_fields(rows: Sequence[tuple], g: int) -> np.ndarray:
     """``(m, 9, g)`` array of samples' :data:`DETECTOR_FIELDS` tuples (from ``_EVENT_FIELDS``).
 
-    One conversion for the whole round when every field is complete (what simulators
-    and most agents send); otherwise absent fields and ``null`` entries (unsupported,
-    or a lost GPU) count as 0: no evidence, never a fault.
+    One conversion for the whole round when every field is present (what simulators and
+    most agents send); absent fields and ``null`` entries (unsupported, or a lost GPU) are
+    NaN: unknown, neither an increment of a counter nor a flag.
     """
     c = len(DETECTOR_FIELDS)
     chain = itertools.chain.from_iterable
     try:
+        # numpy reads a null entry as NaN
         return np.fromiter(chain(chain(rows)), dtype=np.float64, count=len(rows) * c * g).reshape(len(rows), c, g)
-    except TypeError:  # a None field or entry
-        out = np.zeros((len(rows), c, g), dtype=np.float64)
+    except TypeError:  # an absent field
+        arr = np.full((len(rows), c, g), np.nan)
         for k, row in enumerate(rows):
             for j, values in enumerate(row):
                 if values is not None:
-                    out[k, j] = [0.0 if v is None else v for v in values]
-        return out
+                    arr[k, j] = [np.nan if v is None else v for v in values]
+        return arr
 
 
 def _filled(shape: tuple[int, ...], fill: float, dtype: Any) -> np.ndarray:
@@ -341,6 +342,9 @@ class _NodeRows:
         self.cap = 0
         self._grow(capacity)
 
+    #: row arrays that start unknown (NaN) rather than zero
+    _unknown_first: tuple[str, ...] = ("seen_ts",)
+
     def _fields(self) -> dict[str, tuple[tuple[int, ...], Any]]:
         raise NotImplementedError
 
@@ -358,7 +362,7 @@ class _NodeRows:
     def _realloc(self, cap: int, rows: slice | np.ndarray) -> None:
         """The row arrays at ``cap`` rows, holding the old ``rows`` first."""
         for name, (shape, dtype) in self._all_fields().items():
-            arr = _filled((cap, *shape), np.nan if name == "seen_ts" else 0, dtype)
+            arr = _filled((cap, *shape), np.nan if name in self._unknown_first else 0, dtype)
             if self.cap:
                 kept = getattr(self, name)[rows]
                 arr[:len(kept)] = kept
@@ -453,6 +457,9 @@ class GpuFleetState(_NodeRows):
         #: by :class:`GpuDetection` when enabled
         self.banks: dict[str, UnivariateDetector] = {}
         super().__init__(capacity)
+
+    #: the last known counters: none known until a node reports them
+    _unknown_first = ("seen_ts", "prev")
 
     def _rings(self) -> list[TimeRing]:
         return [self.rates, self.throttled]
@@ -643,14 +650,20 @@ class GpuDetection(_FleetRows):
             cur = np.stack([raw[:, SBE], raw[:, NVL_CRC] + raw[:, NVL_REPLAY] + raw[:, NVL_RECOVERY], raw[:, PCIE],
                             raw[:, DBE]], axis=1)  # (n, 4, g)
             midx = idx[mv]
-            # A counter that went down was reset (driver reload): count no increment.
-            d = np.maximum(cur - f.prev[midx], 0.0)
+            # A counter that went down was reset (driver reload): count no increment. An
+            # unknown count (null, absent, or none known before) is no increment either,
+            # and the last known count stays.
+            known = ~np.isnan(cur)
+            prev = f.prev[midx]
+            d = np.maximum(cur - prev, 0.0)
+            d[~(known & ~np.isnan(prev))] = 0.0
             d[f.count[midx] == 0] = 0.0
             delta[mv] = d
-            f.prev[midx] = cur
-            remap[mv] = raw[:, REMAP_FAILURE] > 0
+            f.prev[midx] = np.where(known, cur, prev)
+            remap[mv] = raw[:, REMAP_FAILURE] > 0  # NaN (unknown) is no flag
             lost[mv] = raw[:, LOST] > 0
-            thermal[mv] = thermal_mask(raw[:, THROTTLE].astype(np.int64))
+            th = raw[:, THROTTLE]
+            thermal[mv] = thermal_mask(np.where(np.isnan(th), 0.0, th).astype(np.int64))
             calm = ~(remap[mv].any(axis=1) | lost[mv].any(axis=1) | (thermal[mv] != 0).any(axis=1))
             for k, c in zip(moved, calm.tolist(), strict=True):
                 quiet[rnd[k][0]] = c

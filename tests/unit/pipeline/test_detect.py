@@ -167,6 +167,30 @@ def test_absent_fields_and_null_entries_are_no_evidence_and_no_crash() -> None:
     assert [(a.kind, a.gpu) for a in found] == [("gpu_lost", GPUS - 1)]
 
 
+def test_a_counter_that_is_null_for_a_while_counts_no_increment_when_it_returns() -> None:
+    """A DBE counter of 3 that NVML could not read for two samples (null), then reads 3
+    again: unknown is not zero, so its return is no new error (it was a false ecc_dbe,
+    a hardware verdict, when a null counted as 0); a real increment after it still is."""
+    from schemas import GpuSample
+
+    det = _detection()
+    base = {"schema": "gpu/1", "node": NODE, "util": [95.0] * GPUS, "xids": []}
+
+    def dbe(ts: float, first: int | None, throttle: int | None = 0) -> GpuSample:
+        return GpuSample.model_validate({**base, "ts": ts, "ecc_dbe": [first] + [0] * (GPUS - 1),
+                                         "throttle": [throttle] + [0] * (GPUS - 1)})
+
+    assert det.process([dbe(T0, 3)]) == []
+    assert det.process([dbe(T0 + 1, None, throttle=None), dbe(T0 + 2, None)]) == []
+    assert det.process([dbe(T0 + 3, 3)]) == []
+    [a] = det.process([dbe(T0 + 4, 4)])
+    assert (a.kind, a.gpu, a.evidence["dbe_delta"]) == ("ecc_dbe", 0, 1.0)
+    # a GPU whose counter is unknown from its first sample on starts counting when it is known
+    det2 = _detection()
+    assert det2.process([dbe(T0, None), dbe(T0 + 1, None)]) == []
+    assert det2.process([dbe(T0 + 2, 7)]) == []
+
+
 # ------------------------------------------------------------------------------ univariate baselines
 
 
