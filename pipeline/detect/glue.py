@@ -42,7 +42,20 @@ from detectors.fabric import PortModel, port_features
 from detectors.links import BASIS as LINK_BASIS
 from detectors.links import links_below
 from detectors.xid import sxid_findings
-from schemas import Anomaly, FaultClass, GpuSample, JobEvent, JobEventKind, NetworkSample, Severity, Window
+from schemas import (
+    Anomaly,
+    DecodeError,
+    FaultClass,
+    GpuSample,
+    JobEvent,
+    JobEventKind,
+    NetworkSample,
+    Record,
+    Severity,
+    Window,
+    decode,
+)
+from schemas.columns import GpuBatch, decode_gpu_batch
 
 from pipeline.config import DetectorSettings, NetworkSettings
 from schemas.ids import stable_id
@@ -136,14 +149,14 @@ FIT_GRID_S = 60.0
 MODEL_DELAY_S = 60.0
 #: accepted event times kept per node to tell a redelivered (duplicate) sample from a late one
 SEEN_TS = 16
-#: the per-GPU fields whose changes the GPU detectors read, in the column order of
-#: :func:`_detector_fields` (temperature is read apart: it is throttle evidence only)
+#: the per-GPU fields whose changes the GPU detectors read, in the order they are stacked
+#: (temperature is read apart: it is throttle evidence only)
 DETECTOR_FIELDS = ("ecc_sbe", "nvlink_crc", "nvlink_replay", "nvlink_recovery", "pcie_replay", "ecc_dbe",
                    "throttle", "remap_failure", "lost")
-_EVENT_FIELDS = operator.attrgetter(*DETECTOR_FIELDS)
 SBE, NVL_CRC, NVL_REPLAY, NVL_RECOVERY, PCIE, DBE, THROTTLE, REMAP_FAILURE, LOST = range(len(DETECTOR_FIELDS))
-#: the per-GPU readings of the univariate baselines, in the column order of :func:`_readings`
-_READINGS = operator.attrgetter("util", "temp", "power")
+#: the columns GPU detection reads: what a decoded batch for it holds
+#: (:func:`schemas.columns.decode_gpu_batch`)
+GPU_DETECTION_COLUMNS = ("util", "temp", "power", *DETECTOR_FIELDS)
 #: a GPU is busy above this utilisation (percent); its temperature and power are
 #: learnt and judged only while it is busy, so idle periods do not shape the baseline
 BUSY_UTIL = 50.0
@@ -155,29 +168,25 @@ BUSY_SETTLE_S = 60.0
 JOB_IDLE_S = 3600.0
 
 
-def _temperatures(ss: Sequence[GpuSample], g: int) -> np.ndarray:
-    """(m, g) temperatures; NaN where absent or null (throttle evidence only)."""
-    try:
-        return np.fromiter(itertools.chain.from_iterable(s.temp for s in ss), dtype=np.float64,
-                           count=len(ss) * g).reshape(len(ss), g)
-    except TypeError:
-        return np.array([[np.nan if v is None else v for v in (s.temp or [None] * g)] for s in ss],
-                        dtype=np.float64).reshape(len(ss), g)
+def decode_gpu(values: list[Any]) -> tuple[GpuBatch, list[int], list[tuple[int, str]]]:
+    """GPU samples as the columns GPU detection reads (see :mod:`schemas.columns`)."""
+    return decode_gpu_batch(values, GPU_DETECTION_COLUMNS)
 
 
-def _readings(ss: Sequence[GpuSample], g: int) -> np.ndarray:
-    """``(m, 3, g)`` utilisation, temperature and power; NaN where absent or null."""
-    chain = itertools.chain.from_iterable
-    try:
-        return np.fromiter(chain(chain(map(_READINGS, ss))), dtype=np.float64,
-                           count=len(ss) * 3 * g).reshape(len(ss), 3, g)
-    except TypeError:  # an absent field or a null entry
-        out = np.full((len(ss), 3, g), np.nan)
-        for k, s in enumerate(ss):
-            for j, values in enumerate(_READINGS(s)):
-                if values is not None:
-                    out[k, j] = [np.nan if v is None else v for v in values]
-        return out
+def decode_each(model: type[Record]) -> Any:
+    """A batch decoder of ``model`` records, one message at a time."""
+    def dec(values: list[Any]) -> tuple[list[Record], list[int], list[tuple[int, str]]]:
+        records: list[Record] = []
+        positions: list[int] = []
+        errors: list[tuple[int, str]] = []
+        for k, v in enumerate(values):
+            try:
+                records.append(decode(model, v))
+                positions.append(k)
+            except DecodeError as exc:
+                errors.append((k, exc.reason))
+        return records, positions, errors
+    return dec
 
 
 def _bank(kind: str, threshold: float) -> UnivariateDetector:
@@ -195,27 +204,6 @@ def _univariate_findings(det: UnivariateDetector, scores: np.ndarray) -> list[Fi
         out.append(Finding(kind=fd.kind, fault_class=fd.fault_class, severity="info", score=fd.score,
                            index=fd.index, gpu=None, evidence=ev))
     return out
-
-
-def _detector_fields(rows: Sequence[tuple], g: int) -> np.ndarray:
-    """``(m, 9, g)`` array of samples' :data:`DETECTOR_FIELDS` tuples (from ``_EVENT_FIELDS``).
-
-    One conversion for the whole round when every field is present (what simulators and
-    most agents send); absent fields and ``null`` entries (unsupported, or a lost GPU) are
-    NaN: unknown, neither an increment of a counter nor a flag.
-    """
-    c = len(DETECTOR_FIELDS)
-    chain = itertools.chain.from_iterable
-    try:
-        # numpy reads a null entry as NaN
-        return np.fromiter(chain(chain(rows)), dtype=np.float64, count=len(rows) * c * g).reshape(len(rows), c, g)
-    except TypeError:  # an absent field
-        arr = np.full((len(rows), c, g), np.nan)
-        for k, row in enumerate(rows):
-            for j, values in enumerate(row):
-                if values is not None:
-                    arr[k, j] = [np.nan if v is None else v for v in values]
-        return arr
 
 
 def _filled(shape: tuple[int, ...], fill: float, dtype: Any) -> np.ndarray:
@@ -448,11 +436,6 @@ class GpuFleetState(_NodeRows):
         self.rates = TimeRing((len(RATE_COUNTERS), gpus), window_buckets, bucket_s, capacity)
         #: per GPU: thermally throttled samples; the last column: samples
         self.throttled = TimeRing((gpus + 1,), throttle_buckets, bucket_s, capacity)
-        #: per node: the previous sample's counter, throttle and flag lists (as sent), and
-        #: whether it was quiet (no lost GPU, no remap failure, no thermal throttling);
-        #: a quiet node whose lists did not change needs no conversion at all
-        self.seen: list[tuple | None] = []
-        self.quiet: list[bool] = []
         #: univariate baselines of busy GPUs' readings (rows: node row x GPUs + GPU), made
         #: by :class:`GpuDetection` when enabled
         self.banks: dict[str, UnivariateDetector] = {}
@@ -463,9 +446,6 @@ class GpuFleetState(_NodeRows):
 
     def _rings(self) -> list[TimeRing]:
         return [self.rates, self.throttled]
-
-    def _row_lists(self) -> tuple[str, ...]:
-        return ("seen", "quiet")
 
     def _selected(self, keep: np.ndarray) -> None:
         g = self.g
@@ -491,8 +471,6 @@ class GpuFleetState(_NodeRows):
         i = self.index.get(name)
         if i is None:
             i = self._add(name)
-            self.seen.append(None)
-            self.quiet.append(False)
         return i
 
 
@@ -519,6 +497,17 @@ class _FleetRows:
     def nbytes(self) -> int:
         """Bytes of the per-node arrays of every fleet."""
         return sum(f.nbytes() for f in self.fleets.values())
+
+    refused: list[Refused]
+    late: int
+    duplicates: int
+
+    def _refuse(self, refused: list[tuple[int, _NodeRows, int, str, float]]) -> None:
+        """Note the samples refused (position, fleet, row, node, event time) and count them."""
+        self.refused = [Refused(pos, f.refusal(i, ts), name, ts, f.last_seen[i]) for pos, f, i, name, ts in refused]
+        dup = sum(r.why == "duplicate" for r in self.refused)
+        self.duplicates += dup
+        self.late += len(self.refused) - dup
 
     def reserve(self, rows: int) -> None:
         """Make room for ``rows`` nodes per fleet before they arrive (growing the arrays a
@@ -582,167 +571,154 @@ class GpuDetection(_FleetRows):
                 f.banks = {"temp": _bank("temp_drift", th), "power": _bank("power_drift", th)}
         return f
 
-    def process(self, samples: Sequence[GpuSample]) -> list[Anomaly]:
-        """Update the state with ``samples`` (any order of nodes) and return anomalies."""
+    def process(self, samples: GpuBatch | Sequence[GpuSample]) -> list[Anomaly]:
+        """Update the state with ``samples`` (any order of nodes) and return anomalies.
+        ``samples`` is a decoded batch (:func:`schemas.columns.decode_gpu_batch` with
+        :data:`GPU_DETECTION_COLUMNS`) or records."""
+        b = samples if isinstance(samples, GpuBatch) else GpuBatch.from_records(samples, GPU_DETECTION_COLUMNS)
         # One pass in arrival order: drop duplicates and out-of-order samples, and number
         # the rest per node: the k-th accepted sample of a node in this batch goes to
         # round k of its fleet (nodes grouped by GPU count).
         out: list[Anomaly] = []
-        rounds_by_g: dict[int, list[list[tuple[int, GpuSample]]]] = {}
+        rounds_by_g: dict[int, list[tuple[list[int], list[int]]]] = {}
         self._batch += 1
         batch = self._batch
         fleets = self.fleets
-        refused: list[tuple[int, _NodeRows, int, Any]] = []
-        for pos, s in enumerate(samples):
-            g = len(s.util)
+        refused: list[tuple[int, _NodeRows, int, str, float]] = []
+        for pos, (name, ts, g) in enumerate(zip(b.node, b.ts.tolist(), b.gpus.tolist(), strict=True)):
             f = fleets.get(g) or self._fleet(g)
-            i = f.index.get(s.node)
+            i = f.index.get(name)
             if i is None:
-                i = f.node(s.node)
-            k = f.accept(i, s.ts, batch)
+                i = f.node(name)
+            k = f.accept(i, ts, batch)
             if k is None:
-                refused.append((pos, f, i, s))
+                refused.append((pos, f, i, name, ts))
                 continue
             rounds = rounds_by_g.get(g)
             if rounds is None:
-                rounds = rounds_by_g[g] = [[]]
+                rounds = rounds_by_g[g] = [([], [])]
             if k == len(rounds):
-                rounds.append([])
-            rounds[k].append((i, s))
+                rounds.append(([], []))
+            rounds[k][0].append(i)
+            rounds[k][1].append(pos)
         for g, rounds in rounds_by_g.items():
             f = fleets[g]
-            for rnd in rounds:
-                out.extend(self._round(f, rnd))
+            for rows, positions in rounds:
+                out.extend(self._round(f, np.asarray(rows, dtype=np.int64), np.asarray(positions, dtype=np.int64), b))
         self._refuse(refused)
         out.sort(key=lambda a: a.ts)
         return out
 
-    def _refuse(self, refused: list[tuple[int, _NodeRows, int, Any]]) -> None:
-        self.refused = [Refused(pos, f.refusal(i, s.ts), s.node, s.ts, f.last_seen[i]) for pos, f, i, s in refused]
-        dup = sum(r.why == "duplicate" for r in self.refused)
-        self.duplicates += dup
-        self.late += len(self.refused) - dup
-
-    def _round(self, f: GpuFleetState, rnd: list[tuple[int, GpuSample]]) -> list[Anomaly]:
+    def _round(self, f: GpuFleetState, idx: np.ndarray, pos: np.ndarray, b: GpuBatch) -> list[Anomaly]:
+        """One round: the samples at batch positions ``pos``, of the distinct node rows ``idx``."""
         out: list[Anomaly] = []
-        idx = np.fromiter((i for i, _ in rnd), dtype=np.int64, count=len(rnd))
-        ss = [s for _, s in rnd]
-        m, g = len(ss), f.g
-        # Counters rarely move: a node whose lists equal its previous sample's (a C-level
-        # comparison) and that was quiet has no increment, no flag and no throttling;
-        # only the others are converted to arrays.
-        seen, quiet = f.seen, f.quiet
-        moved: list[int] = []
-        moved_rows: list[tuple] = []
-        for k, (i, s) in enumerate(rnd):
-            t = _EVENT_FIELDS(s)
-            if not quiet[i] or t != seen[i]:
-                moved.append(k)
-                moved_rows.append(t)
-            seen[i] = t
-        delta = np.zeros((m, 4, g))
-        remap = np.zeros((m, g), dtype=bool)
-        lost = np.zeros((m, g), dtype=bool)
-        thermal = np.zeros((m, g), dtype=np.int64)
-        if moved:
-            mv = np.asarray(moved, dtype=np.int64)
-            raw = _detector_fields(moved_rows, g)
-            cur = np.stack([raw[:, SBE], raw[:, NVL_CRC] + raw[:, NVL_REPLAY] + raw[:, NVL_RECOVERY], raw[:, PCIE],
-                            raw[:, DBE]], axis=1)  # (n, 4, g)
-            midx = idx[mv]
-            # A counter that went down was reset (driver reload): count no increment. An
-            # unknown count (null, absent, or none known before) is no increment either,
-            # and the last known count stays.
-            known = ~np.isnan(cur)
-            prev = f.prev[midx]
-            d = np.maximum(cur - prev, 0.0)
-            d[~(known & ~np.isnan(prev))] = 0.0
-            d[f.count[midx] == 0] = 0.0
-            delta[mv] = d
-            f.prev[midx] = np.where(known, cur, prev)
-            remap[mv] = raw[:, REMAP_FAILURE] > 0  # NaN (unknown) is no flag
-            lost[mv] = raw[:, LOST] > 0
-            th = raw[:, THROTTLE]
-            thermal[mv] = thermal_mask(np.where(np.isnan(th), 0.0, th).astype(np.int64))
-            calm = ~(remap[mv].any(axis=1) | lost[mv].any(axis=1) | (thermal[mv] != 0).any(axis=1))
-            for k, c in zip(moved, calm.tolist(), strict=True):
-                quiet[rnd[k][0]] = c
+        m, g = len(idx), f.g
+        cols = b.groups[g].columns
+        local = b.local[pos]
+        names = [b.node[p] for p in pos.tolist()]
+        ts = b.ts[pos]
+        tsl = ts.tolist()
+        raw = np.stack([cols[name][local] for name in DETECTOR_FIELDS], axis=1)  # (m, 9, g); NaN: unknown
+        cur = np.stack([raw[:, SBE], raw[:, NVL_CRC] + raw[:, NVL_REPLAY] + raw[:, NVL_RECOVERY], raw[:, PCIE],
+                        raw[:, DBE]], axis=1)  # (m, 4, g)
+        # A counter that went down was reset (driver reload): count no increment. An
+        # unknown count (null, absent, or none known before) is no increment either, and
+        # the last known count stays.
+        prev = f.prev[idx]
+        known = ~np.isnan(cur)
+        delta = np.maximum(cur - prev, 0.0)
+        delta[~known | np.isnan(prev)] = 0.0
+        delta[f.count[idx] == 0] = 0.0
+        f.prev[idx] = np.where(known, cur, prev)
+        remap = raw[:, REMAP_FAILURE] > 0  # NaN (unknown) is no flag
+        lost = raw[:, LOST] > 0
+        th = raw[:, THROTTLE]
+        thermal = thermal_mask(np.where(np.isnan(th), 0.0, th).astype(np.int64))
         # temperatures matter only as evidence of throttling: kept for throttled samples
-        hot = np.flatnonzero(thermal.any(axis=1))
-        temp = np.full((m, g), np.nan)
-        if hot.size:
-            temp[hot] = _temperatures([ss[k] for k in hot.tolist()], g)
+        temp = np.where(thermal != 0, cols["temp"][local], np.nan) if "temp" in cols else np.full((m, g), np.nan)
         dbe = delta[:, 3]
         if dbe.any() or remap.any() or lost.any():
             for fd in self.hard.detect(dbe, remap, lost):
-                s = ss[fd.index]
-                if self.cooldown.allow((s.node, fd.gpu, fd.kind), s.ts):
-                    out.append(_anomaly("gpu_hard", s.node, fd, s.ts))
-        xids = [(k, x) for k, s in enumerate(ss) for x in s.xids]
-        if xids:
-            arr = np.array([(k, -1 if x.gpu is None else x.gpu, x.code) for k, x in xids], dtype=np.int64)
-            for fd in self.xid.detect(arr[:, 2], arr[:, 0], arr[:, 1], [x.detail for _, x in xids],
-                                      [x.count for _, x in xids]):
-                s = ss[fd.index]
-                if self.cooldown.allow((s.node, fd.gpu, fd.kind, fd.evidence.get("xid")), s.ts):
-                    out.append(_anomaly("xid", s.node, fd, s.ts))
-        sxids = [(k, x) for k, s in enumerate(ss) for x in s.sxids]
-        if sxids:
-            for fd in sxid_findings([x.code for _, x in sxids], [k for k, _ in sxids], [x.fatal for _, x in sxids],
-                                       [x.detail for _, x in sxids], [x.switch_pci_bus_id for _, x in sxids]):
-                s = ss[fd.index]
-                if self.cooldown.allow((s.node, fd.evidence.get("switch_pci"), fd.kind, fd.evidence.get("sxid")), s.ts):
-                    out.append(_anomaly("sxid", s.node, fd, s.ts, subject_type="node"))
+                node, t = names[fd.index], tsl[fd.index]
+                if self.cooldown.allow((node, fd.gpu, fd.kind), t):
+                    out.append(_anomaly("gpu_hard", node, fd, t))
+        if b.xids or b.sxids:
+            at = {p: k for k, p in enumerate(pos.tolist())}
+            xids = [(at[p], x) for p, x in b.xids if p in at]
+            if xids:
+                arr = np.array([(k, -1 if x.gpu is None else x.gpu, x.code) for k, x in xids], dtype=np.int64)
+                for fd in self.xid.detect(arr[:, 2], arr[:, 0], arr[:, 1], [x.detail for _, x in xids],
+                                          [x.count for _, x in xids]):
+                    node, t = names[fd.index], tsl[fd.index]
+                    if self.cooldown.allow((node, fd.gpu, fd.kind, fd.evidence.get("xid")), t):
+                        out.append(_anomaly("xid", node, fd, t))
+            sxids = [(at[p], x) for p, x in b.sxids if p in at]
+            if sxids:
+                for fd in sxid_findings([x.code for _, x in sxids], [k for k, _ in sxids], [x.fatal for _, x in sxids],
+                                        [x.detail for _, x in sxids], [x.switch_pci_bus_id for _, x in sxids]):
+                    node, t = names[fd.index], tsl[fd.index]
+                    if self.cooldown.allow((node, fd.evidence.get("switch_pci"), fd.kind, fd.evidence.get("sxid")), t):
+                        out.append(_anomaly("sxid", node, fd, t, subject_type="node"))
         # event-time windows: counter increments and throttled samples per bucket
-        ts = np.fromiter((s.ts for s in ss), dtype=np.float64, count=m)
         f.remember(idx, ts)
-        b = f.rates.bucket(ts)
+        bk = f.rates.bucket(ts)
         f.count[idx] += 1
-        f.rates.add(idx, b, delta[:, :3])
+        f.rates.add(idx, bk, delta[:, :3])
         throttled = thermal != 0
-        f.throttled.add(idx, b, np.concatenate([throttled, np.ones((m, 1), dtype=bool)], axis=1))
-        slot = b % (f.tb + 1)
-        fresh = f.tstamp[idx, slot] != b
+        f.throttled.add(idx, bk, np.concatenate([throttled, np.ones((m, 1), dtype=bool)], axis=1))
+        slot = bk % (f.tb + 1)
+        fresh = f.tstamp[idx, slot] != bk
         f.tmax[idx, slot] = np.where(fresh[:, None], temp, np.fmax(f.tmax[idx, slot].astype(np.float64), temp))
-        f.tstamp[idx, slot] = b
+        f.tstamp[idx, slot] = bk
         # rate-change tests: the recent part against the rest of the window
-        k_base, e_base = f.rates.between(idx, b, self.rb, self.wb)
-        k_rec, e_rec = f.rates.since(idx, b, self.rb)
+        k_base, e_base = f.rates.between(idx, bk, self.rb, self.wb)
+        k_rec, e_rec = f.rates.since(idx, bk, self.rb)
         for c, name in enumerate(RATE_COUNTERS):
             det = self.rates[name]
             for fd in det.detect_sums(k_base[:, c], k_rec[:, c], e_base, e_rec):
-                s = ss[fd.index]
-                if self.cooldown.allow((s.node, fd.gpu, fd.kind), s.ts):
+                node, t = names[fd.index], tsl[fd.index]
+                if self.cooldown.allow((node, fd.gpu, fd.kind), t):
                     fd.evidence.update(window_s=self.cfg.window_s, recent_s=self.cfg.recent_s,
                                        bucket_s=self.cfg.bucket_s)
-                    win = Window(start=s.ts - self.cfg.window_s, end=s.ts)
-                    out.append(_anomaly("rate_change", s.node, fd, s.ts, window=win))
+                    win = Window(start=t - self.cfg.window_s, end=t)
+                    out.append(_anomaly("rate_change", node, fd, t, window=win))
         # sustained thermal throttling over the throttle window
-        sums, read = f.throttled.since(idx, b, self.tb)
+        sums, read = f.throttled.since(idx, bk, self.tb)
         n_samples, n_throttled = sums[:, g], sums[:, :g]
         warm = (read >= max(1, self.tb // 2)) & (n_samples >= self.throttle.warmup)
         if (warm[:, None] & (n_throttled >= self.throttle.min_fraction * n_samples[:, None])).any():
             sel = np.flatnonzero(warm)
-            recent = f.tstamp[idx[sel]] > (b[sel] - self.tb)[:, None]                      # (n, tb + 1)
-            t = np.where(recent[:, :, None], f.tmax[idx[sel]].astype(np.float64), np.nan)
-            max_temp = np.where(np.isnan(t), -np.inf, t).max(axis=1)
+            recent = f.tstamp[idx[sel]] > (bk[sel] - self.tb)[:, None]                      # (n, tb + 1)
+            tt = np.where(recent[:, :, None], f.tmax[idx[sel]].astype(np.float64), np.nan)
+            max_temp = np.where(np.isnan(tt), -np.inf, tt).max(axis=1)
             max_temp[np.isneginf(max_temp)] = np.nan
             for fd in self.throttle.detect_counts(n_throttled[sel], n_samples[sel], max_temp):
-                s = ss[sel[fd.index]]
-                if self.cooldown.allow((s.node, fd.gpu, fd.kind), s.ts):
+                k = int(sel[fd.index])
+                node, t = names[k], tsl[k]
+                if self.cooldown.allow((node, fd.gpu, fd.kind), t):
                     fd.evidence["window_s"] = self.cfg.throttle_window_s
-                    out.append(_anomaly("throttle", s.node, fd, s.ts))
+                    out.append(_anomaly("throttle", node, fd, t))
         if f.banks:
-            out.extend(self._univariate_round(f, idx, ss))
+            out.extend(self._univariate_round(f, idx, local, names, ts, cols))
         return out
 
-    def _univariate_round(self, f: GpuFleetState, idx: np.ndarray, ss: list[GpuSample]) -> list[Anomaly]:
+    def _univariate_round(self, f: GpuFleetState, idx: np.ndarray, local: np.ndarray, names: list[str],
+                          ts: np.ndarray, cols: dict[str, np.ndarray]) -> list[Anomaly]:
         """Temperature and power of every GPU busy for :data:`BUSY_SETTLE_S` into their
         baselines (one row per node row and GPU); deviations are info anomalies."""
-        m, g = len(ss), f.g
-        r = _readings(ss, g)
-        ts = np.fromiter((s.ts for s in ss), dtype=np.float64, count=m)
-        busy = r[:, 0] > BUSY_UTIL  # a null utilisation is not busy
+        g = f.g
+        nan = None
+        r = []
+        for name in ("util", "temp", "power"):
+            c = cols.get(name)
+            if c is None:
+                if nan is None:
+                    nan = np.full((len(idx), g), np.nan)
+                r.append(nan)
+            else:
+                r.append(c[local])
+        util = r[0]
+        busy = util > BUSY_UTIL  # a null utilisation is not busy
         since = np.where(busy & ~f.busy[idx], ts[:, None], f.busy_since[idx])
         f.busy[idx] = busy
         f.busy_since[idx] = since
@@ -755,7 +731,7 @@ class GpuDetection(_FleetRows):
             det = f.banks[name]
             if det.n_series_ != f.cap * g:
                 det.grow(f.cap * g)  # the fleet grew: new nodes' rows start in warm-up
-            v = r[k, col, j]
+            v = r[col][k, j]
             fin = np.isfinite(v)
             brows = rows
             if not fin.all():
@@ -765,13 +741,13 @@ class GpuDetection(_FleetRows):
                 continue
             for fd in _univariate_findings(det, scores):
                 node_row, gpu = divmod(fd.index, g)
-                pos = int(np.flatnonzero(idx == node_row)[0])
-                s = ss[pos]
-                if self.cooldown.allow((s.node, gpu, fd.kind), s.ts):
-                    ev = {**fd.evidence, "util": float(r[pos, 0, gpu]), "busy_s": float(s.ts - since[pos, gpu])}
+                p = int(np.flatnonzero(idx == node_row)[0])
+                node, t = names[p], float(ts[p])
+                if self.cooldown.allow((node, gpu, fd.kind), t):
+                    ev = {**fd.evidence, "util": float(util[p, gpu]), "busy_s": float(t - since[p, gpu])}
                     fd2 = Finding(kind=fd.kind, fault_class=fd.fault_class, severity=fd.severity, score=fd.score,
-                                  index=pos, gpu=gpu, evidence=ev)
-                    out.append(_anomaly("univariate", s.node, fd2, s.ts))
+                                  index=p, gpu=gpu, evidence=ev)
+                    out.append(_anomaly("univariate", node, fd2, t))
         return out
 
 
@@ -869,7 +845,6 @@ class NetworkDetection(_FleetRows):
         self.refused: list[Refused] = []
         self._batch = 0
 
-    _refuse = GpuDetection._refuse
 
     @property
     def model(self) -> PortModel:
@@ -881,7 +856,7 @@ class NetworkDetection(_FleetRows):
         rounds_by_p: dict[int, list[list[tuple[int, NetworkSample]]]] = {}
         self._batch += 1
         batch = self._batch
-        refused: list[tuple[int, _NodeRows, int, Any]] = []
+        refused: list[tuple[int, _NodeRows, int, str, float]] = []
         for pos, s in enumerate(samples):
             p = len(s.ports)
             f = self.fleets.get(p)
@@ -894,7 +869,7 @@ class NetworkDetection(_FleetRows):
                 i = f.node(s.node, wiring)
             k = f.accept(i, s.ts, batch)
             if k is None:
-                refused.append((pos, f, i, s))
+                refused.append((pos, f, i, s.node, s.ts))
                 continue
             rounds = rounds_by_p.setdefault(p, [[]])
             if k == len(rounds):

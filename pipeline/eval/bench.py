@@ -42,6 +42,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from schemas import GpuSample, NetworkSample, decode
 
 from pipeline.config import load_settings
+from pipeline.detect.glue import decode_each, decode_gpu
 from pipeline.worker.procs import WorkerProcess, free_port, machine_cpu_seconds, wait_ready
 from pipeline.sim.cluster import GPUS, gpu_record
 from pipeline.worker.topics import ensure_topics
@@ -123,9 +124,10 @@ async def produce_all(bootstrap: str, items: list[tuple[str, str, bytes]]) -> fl
     return time.perf_counter() - t
 
 
-async def baseline(bootstrap: str, topics: dict[str, type], total: int) -> float:
+async def baseline(bootstrap: str, topics: dict[str, Any], total: int) -> float:
     """Seconds for a bare aiokafka consumer to read and decode ``total`` messages, with the
-    collector set as a worker sets it."""
+    collector set as a worker sets it. ``topics`` maps each topic to the worker's decoder
+    of a batch of its messages (for GPU samples, into the columns detection reads)."""
     c = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
                          enable_auto_commit=False, max_partition_fetch_bytes=4 * 1024 * 1024,
                          fetch_max_bytes=32 * 1024 * 1024)
@@ -139,9 +141,7 @@ async def baseline(bootstrap: str, topics: dict[str, type], total: int) -> float
                 if t is None and batch:
                     t = time.perf_counter()
                 for tp, msgs in batch.items():
-                    model = topics[tp.topic]
-                    for m in msgs:
-                        decode(model, m.value)
+                    topics[tp.topic]([m.value for m in msgs])
                     n += len(msgs)
     finally:
         await c.stop()
@@ -531,39 +531,49 @@ async def actuation_run(bootstrap: str, env: dict[str, str], logdir: Path, *, ve
 
 
 def per_sample_costs(nodes: int = 4000, rounds: int = 12, batch: int = 200, repeat: int = 3) -> dict[str, Any]:
-    """Microseconds per GPU sample of the steps that decide the ratio, in this process:
-    the pipeline's decoding (pydantic), parsing the same JSON with orjson alone (the floor
-    any JSON decoder starts from), building the detectors' float columns from parsed
-    samples, and GPU detection on decoded batches of ``batch``; the collector as in a
-    worker. Each the median of ``repeat`` passes, with min and max."""
+    """Microseconds per GPU sample of the steps that decide the ratio, in this process, on
+    batches of ``batch`` messages: the worker's decoding into the columns detection reads
+    (``decode``; the bare consumer of the ratio does the same), and its parts: the
+    record's own validation by pydantic, one message at a time (what a message outside the
+    fast path costs), msgspec's mirror of the record alone, and parsing the same JSON with
+    orjson alone (the floor any JSON decoder starts from); then GPU detection on the
+    decoded batches. The collector as in a worker. Each the median of ``repeat`` passes,
+    with min and max."""
     from pipeline.detect.glue import GpuDetection
+    from schemas.columns import _MIRROR
 
     load = FleetLoad(nodes)
     raw = [[v for _, v in load.gpu_round(k)] for k in range(rounds)]
-    cols = ("util", "temp", "power", "ecc_sbe", "ecc_dbe", "nvlink_crc", "nvlink_replay", "nvlink_recovery",
-            "pcie_replay", "throttle")
     cfg = load_settings(environ={}).detectors
-    runs: dict[str, list[float]] = {"decode": [], "orjson_parse": [], "columns": [], "gpu_detection": []}
+    runs: dict[str, list[float]] = {"decode": [], "pydantic": [], "mirror": [], "orjson_parse": [],
+                                    "gpu_detection": []}
     n = nodes * rounds
     with _collector_as_in_a_worker():
         for _ in range(repeat):
             t = time.perf_counter()
-            samples = [[decode(GpuSample, v) for v in r] for r in raw]
+            batches = [decode_gpu(r[j : j + batch]).batch for r in raw for j in range(0, len(r), batch)]
             runs["decode"].append((time.perf_counter() - t) / n * 1e6)
             t = time.perf_counter()
-            docs = [orjson.loads(v) for r in raw for v in r]
-            runs["orjson_parse"].append((time.perf_counter() - t) / n * 1e6)
+            for r in raw:
+                for v in r:
+                    decode(GpuSample, v)
+            runs["pydantic"].append((time.perf_counter() - t) / n * 1e6)
             t = time.perf_counter()
-            for c in cols:
-                np.array([d[c] for d in docs], dtype=np.float64)
-            runs["columns"].append((time.perf_counter() - t) / n * 1e6)
+            for r in raw:
+                for v in r:
+                    _MIRROR.decode(v)
+            runs["mirror"].append((time.perf_counter() - t) / n * 1e6)
+            t = time.perf_counter()
+            for r in raw:
+                for v in r:
+                    orjson.loads(v)
+            runs["orjson_parse"].append((time.perf_counter() - t) / n * 1e6)
             det = GpuDetection(cfg, capacity=nodes + nodes // 10)
             t = time.perf_counter()
-            for r in samples:
-                for j in range(0, len(r), batch):
-                    det.process(r[j : j + batch])
+            for b in batches:
+                det.process(b)
             runs["gpu_detection"].append((time.perf_counter() - t) / n * 1e6)
-            del samples, docs, det
+            del batches, det
             gc.collect()
     out: dict[str, Any] = {"nodes": nodes, "rounds": rounds, "batch": batch,
                            "message_bytes": float(np.mean([len(v) for v in raw[0]]))}
@@ -636,7 +646,7 @@ def run(*, bootstrap: str, nodes: int, rounds: int, net_every: int, latency_seco
     for rep in range(repeat):
         tag = f" (run {rep + 1}/{repeat})" if repeat > 1 else ""
         say(f"baseline: bare aiokafka consumer + the pipeline's decoder{tag}")
-        base_s = asyncio.run(baseline(bootstrap, {gpu_t: GpuSample, net_t: NetworkSample}, total))
+        base_s = asyncio.run(baseline(bootstrap, {gpu_t: decode_gpu, net_t: decode_each(NetworkSample)}, total))
         say(f"  {total / base_s:,.0f} samples/s")
         say(f"fleetmedic: one worker, full pipeline, from the start of the topics{tag}")
         run1 = run_workers(env, 1, total, logdir, timeout=max(120, total / 2000))
@@ -673,7 +683,7 @@ def run(*, bootstrap: str, nodes: int, rounds: int, net_every: int, latency_seco
     lat = _median_run(lats, "p99_s")
     say("per-sample costs: decoding, parsing alone, columns, GPU detection")
     costs = per_sample_costs(repeat=repeat)
-    say("  " + ", ".join(f"{k[:-3]} {costs[k]:.1f} us" for k in ("decode_us", "orjson_parse_us", "columns_us",
+    say("  " + ", ".join(f"{k[:-3]} {costs[k]:.1f} us" for k in ("decode_us", "pydantic_us", "mirror_us", "orjson_parse_us",
                                                                   "gpu_detection_us")))
     say("actuation: 300 verdicts alone and while a drain waits on a disruption budget")
     act = asyncio.run(actuation_run(bootstrap, env, logdir, repeat=repeat, say=say))
@@ -751,7 +761,7 @@ def table(r: dict[str, Any]) -> str:
         ("p99 by stage", ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in r["latency_stage_p99_s"].items())),
         ("per GPU sample (µs)", "-" if not r.get("per_sample_us") else
          ", ".join(f"{k[:-3].replace('_', ' ')} {r['per_sample_us'][k]:.1f}"
-                   for k in ("decode_us", "orjson_parse_us", "columns_us", "gpu_detection_us"))),
+                   for k in ("decode_us", "pydantic_us", "mirror_us", "orjson_parse_us", "gpu_detection_us"))),
         ("verdicts/s while a drain waits", "-" if not r.get("actuation") else
          f"{r['actuation']['drain_blocked_per_s']:.0f} vs {r['actuation']['alone_per_s']:.0f} alone: ratio "
          f"{r['actuation']['ratio']:.2f} (min {r['actuation']['ratio_min']:.2f}, max {r['actuation']['ratio_max']:.2f})"),

@@ -18,13 +18,20 @@ from typing import Any
 
 import faust
 
-from schemas import DecodeError, GpuSample, NetworkSample, Record, decode
+from schemas import NetworkSample
+from schemas.columns import GpuBatch
 
 from pipeline.correlate.state import NodeState
-from pipeline.detect.glue import PartitionWatermark, late_reason
+from pipeline.detect.glue import PartitionWatermark, decode_each, decode_gpu, late_reason
 from pipeline.worker.wiring import Wiring
 
 log = logging.getLogger("fleetmedic")
+
+
+def _nodes_and_times(samples: GpuBatch | list[Any]) -> tuple[list[str], list[float]]:
+    if isinstance(samples, GpuBatch):
+        return samples.node, samples.ts.tolist()
+    return [x.node for x in samples], [x.ts for x in samples]
 
 
 def install(w: Wiring) -> None:
@@ -38,25 +45,29 @@ def install(w: Wiring) -> None:
     #: partitions assigned to another worker are forgotten (their detector state freed)
     where: dict[str, dict[str, int]] = {}
 
-    async def handle_telemetry(msgs: list[Any], model: type[Record], detection: Any, what: str,
+    async def handle_telemetry(msgs: list[Any], decoder: Any, detection: Any, what: str,
                                after: Any = None) -> None:
         """Decode a batch of records (``topic``, ``partition``, ``offset``, ``key``, ``value``
-        attributes), detect over it at once, send anomalies; then ``after(samples)``."""
-        samples = []
-        parts: list[int] = []  # the partition of each decoded sample
-        source: list[Any] = []  # the message of each decoded sample
+        attributes), detect over it at once, send anomalies; then ``after(nodes, times,
+        partitions)`` of the samples accepted."""
         t0 = time.perf_counter()
-        for m in msgs:
-            try:
-                samples.append(decode(model, m.value))
-                parts.append(m.partition)
-                source.append(m)
-            except DecodeError as exc:
-                await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, exc.reason)
+        try:
+            samples, positions, errors = decoder([m.value for m in msgs])
+        except Exception as exc:  # a decoder bug must not stop the stream either
+            log.exception("%s decoding failed on a batch of %d messages", what, len(msgs))
+            for m in msgs:
+                await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, f"decoder error: {exc!r}")
+            return
+        for k, reason in errors:
+            m = msgs[k]
+            await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, reason)
+        source = [msgs[k] for k in positions]  # the message of each decoded sample
+        parts = [m.partition for m in source]  # and its partition
+        nodes, times = _nodes_and_times(samples)
         stats["telemetry"] += len(msgs)
         task = state.get("refit_task")
-        if detection is net_detection and samples and task is not None and not task.done() \
-                and net_detection.waits_for(max(x.ts for x in samples)):
+        if detection is net_detection and times and task is not None and not task.done() \
+                and net_detection.waits_for(max(times)):
             await asyncio.shield(task)  # the stream reached the event time of a fit still running
         t1 = time.perf_counter()
         timing["decode_s"] += t1 - t0
@@ -72,29 +83,29 @@ def install(w: Wiring) -> None:
                         metrics.records.labels(m.topic, "duplicate").inc()
                     else:
                         await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, late_reason(r), result="late")
-            if samples:
-                count_ok(msgs[0].topic, len(samples) - len(detection.refused))
-                where.setdefault(msgs[0].topic, {}).update(zip((x.node for x in samples), parts))
+            if times:
+                count_ok(msgs[0].topic, len(times) - len(detection.refused))
+                where.setdefault(msgs[0].topic, {}).update(zip(nodes, parts))
                 newest: dict[int, float] = {}
-                for x, part in zip(samples, parts):
-                    if x.ts > newest.get(part, 0.0):
-                        newest[part] = x.ts
+                for ts, part in zip(times, parts):
+                    if ts > newest.get(part, 0.0):
+                        newest[part] = ts
                 for part, ts in newest.items():
                     telemetry_watermark.update((msgs[0].topic, part), ts)
             t2 = time.perf_counter()
             timing["detect_s"] += t2 - t1
             metrics.detect_seconds.labels(what).observe(t2 - t0)
             metrics.batch_size.labels(what).observe(len(msgs))
-            if samples:
-                metrics.lag.labels(msgs[0].topic).set(time.time() - max(x.ts for x in samples))
+            if times:
+                metrics.lag.labels(msgs[0].topic).set(time.time() - max(times))
         except Exception as exc:  # a detector bug must not stop the stream
-            log.exception("%s detection failed on a batch of %d samples", what, len(samples))
+            log.exception("%s detection failed on a batch of %d samples", what, len(times))
             for m in msgs:
                 await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, f"detector error: {exc!r}")
             return
         await emit_anomalies(anomalies)
-        if after is not None and samples:
-            after(samples, parts)
+        if after is not None and times:
+            after(nodes, times, parts)
         now = time.time()
         if not stats["first_telemetry_at"]:
             stats["first_telemetry_at"] = now
@@ -102,12 +113,12 @@ def install(w: Wiring) -> None:
 
     net_watermark = PartitionWatermark()
 
-    def after_network(samples: list[NetworkSample], parts: list[int]) -> None:
+    def after_network(nodes: list[str], times: list[float], parts: list[int]) -> None:
         # event-time watermark of the fabric, the time every partition has reached: the
         # switch track's holds run on it, so a lone node's hold does not run out while the
         # anomalies of its neighbours are still queued in another partition
-        for x, part in zip(samples, parts):
-            net_watermark.update(part, x.ts)
+        for ts, part in zip(times, parts):
+            net_watermark.update(part, ts)
         state["net_watermark"] = net_watermark.value
         refit_network(net_watermark.value)
 
@@ -139,15 +150,15 @@ def install(w: Wiring) -> None:
 
         state["refit_task"] = asyncio.ensure_future(fit())
 
-    def after_gpu(samples: list[GpuSample], parts: list[int]) -> None:
+    def after_gpu(nodes: list[str], times: list[float], parts: list[int]) -> None:
         # nodes that report telemetry are on the fleet view from their first sample
         if gpu_detection.rows != state.get("gpu_rows"):
             state["gpu_rows"] = gpu_detection.rows
-            for x in samples:
-                if x.node not in w.api.known:
-                    w.api.known.add(x.node)
-                    h = w.core.node(x.node)
-                    w.api.saw_node(x.node, h["state"] if h else NodeState.healthy.value, h or {})
+            for node in nodes:
+                if node not in w.api.known:
+                    w.api.known.add(node)
+                    h = w.core.node(node)
+                    w.api.saw_node(node, h["state"] if h else NodeState.healthy.value, h or {})
 
     def forget_moved(assigned: Any) -> None:
         """State follows ownership: after a rebalance, make room for this worker's share of
@@ -173,8 +184,9 @@ def install(w: Wiring) -> None:
             log.info("freed the detector state of %d nodes of %s (their partitions moved to another worker)",
                      freed, topic)
 
-    telemetry = {specs["telemetry.gpu"].name: (GpuSample, gpu_detection, "GPU", after_gpu),
-                 specs["telemetry.network"].name: (NetworkSample, net_detection, "network", after_network)}
+    telemetry = {specs["telemetry.gpu"].name: (decode_gpu, gpu_detection, "GPU", after_gpu),
+                 specs["telemetry.network"].name: (decode_each(NetworkSample), net_detection, "network",
+                                                   after_network)}
 
     if s.worker.telemetry_consumer == "faust":
         async def detect_batches(stream: faust.StreamT, topic: str) -> None:
