@@ -295,8 +295,9 @@ class PortSample(BaseModel):
     xmit_wait: Counter | None
     xmit_bytes: Counter | None
     rcv_bytes: Counter | None
+    # a factory, not ``[]``: pydantic deep-copies a mutable default for every port
     saturated: list[PortCounterName] = Field(
-        [], max_length=len(PORT_COUNTERS),
+        default_factory=list, json_schema_extra={"default": []}, max_length=len(PORT_COUNTERS),
         description="counters that stopped at the maximum of their width (InfiniBand counters do not wrap): "
                     "reported null, never used in a rate")
     rate_gbps: float | None = Field(None, ge=0.0, le=100000.0, description="link rate the port trained to, Gb/s")

@@ -154,6 +154,11 @@ SEEN_TS = 16
 DETECTOR_FIELDS = ("ecc_sbe", "nvlink_crc", "nvlink_replay", "nvlink_recovery", "pcie_replay", "ecc_dbe",
                    "throttle", "remap_failure", "lost")
 SBE, NVL_CRC, NVL_REPLAY, NVL_RECOVERY, PCIE, DBE, THROTTLE, REMAP_FAILURE, LOST = range(len(DETECTOR_FIELDS))
+_PORTS = operator.attrgetter("ports")
+_WIRING = operator.attrgetter("port", "switch")
+_STATE = operator.attrgetter("state")
+_RATE = operator.attrgetter("rate_gbps")
+_PORT_COUNTERS = operator.attrgetter(*FABRIC_COUNTERS)
 #: the columns GPU detection reads: what a decoded batch for it holds
 #: (:func:`schemas.columns.decode_gpu_batch`)
 GPU_DETECTION_COLUMNS = ("util", "temp", "power", *DETECTOR_FIELDS)
@@ -864,7 +869,7 @@ class NetworkDetection(_FleetRows):
                 f = self.fleets[p] = NetFleetState(p, self.wb, self.cfg.bucket_s, self.capacity,
                                                    self.net.feature_samples)
             i = f.index.get(s.node)
-            wiring = tuple((q.port, q.switch) for q in s.ports)
+            wiring = tuple(map(_WIRING, s.ports))
             if i is None or f.wiring[i] != wiring:
                 i = f.node(s.node, wiring)
             k = f.accept(i, s.ts, batch)
@@ -890,12 +895,11 @@ class NetworkDetection(_FleetRows):
         m, p = len(ss), f.p
         c = len(FABRIC_COUNTERS)
         nan = np.nan
-        cur = np.fromiter(chain(chain((nan if v is None else v for v in (
-            q.symbol_errors, q.link_error_recovery, q.link_downed, q.rcv_errors, q.xmit_discards, q.xmit_wait,
-            q.xmit_bytes, q.rcv_bytes)) for q in s.ports) for s in ss),
-                          dtype=np.float64, count=m * p * c).reshape(m, p, c).transpose(0, 2, 1)  # (m, 8, p)
-        down = np.fromiter(chain((q.state == "down" for q in s.ports) for s in ss), dtype=bool,
-                           count=m * p).reshape(m, p)
+        ports = list(chain(map(_PORTS, ss)))
+        # numpy reads an unknown (null) counter as NaN
+        cur = np.fromiter(chain(map(_PORT_COUNTERS, ports)), dtype=np.float64,
+                          count=m * p * c).reshape(m, p, c).transpose(0, 2, 1)  # (m, 8, p)
+        down = (np.asarray(list(map(_STATE, ports))) == "down").reshape(m, p)
         first = f.count[idx] == 0
         prev = np.where(first[:, None, None], nan, f.prev[idx])
         # an unknown counter (no PMA, saturated) has no increments, and its last known value
@@ -949,8 +953,8 @@ class NetworkDetection(_FleetRows):
                down: np.ndarray) -> list[Anomaly]:
         """Ports that trained below their rated speed, their peers or their own past (link_degraded)."""
         m, p = down.shape
-        rate = np.fromiter((np.nan if q.rate_gbps is None else q.rate_gbps for s in ss for q in s.ports),
-                           dtype=np.float64, count=m * p).reshape(m, p)
+        rate = np.fromiter(map(_RATE, itertools.chain.from_iterable(map(_PORTS, ss))), dtype=np.float64,
+                           count=m * p).reshape(m, p)  # null: NaN
         if np.isnan(rate).all():
             return []
         codes: dict[tuple[str, str | None], int] = {}
