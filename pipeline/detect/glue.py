@@ -329,7 +329,6 @@ class _NodeRows:
     def __init__(self, capacity: int) -> None:
         self.index: dict[str, int] = {}
         self.names: list[str] = []
-        self.last_seen: list[float] = []
         self.stamp: list[int] = []
         self.rank: list[int] = []
         self.cap = 0
@@ -345,7 +344,8 @@ class _NodeRows:
         return []
 
     def _all_fields(self) -> dict[str, tuple[tuple[int, ...], Any]]:
-        return {**self._fields(), "seen_ts": ((SEEN_TS,), np.float64), "seen_at": ((), np.int64)}
+        return {**self._fields(), "seen_ts": ((SEEN_TS,), np.float64), "seen_at": ((), np.int64),
+                "last_seen": ((), np.float64)}
 
     def _grow(self, cap: int) -> None:
         self._realloc(cap, slice(0, len(self.names)))
@@ -355,7 +355,8 @@ class _NodeRows:
     def _realloc(self, cap: int, rows: slice | np.ndarray) -> None:
         """The row arrays at ``cap`` rows, holding the old ``rows`` first."""
         for name, (shape, dtype) in self._all_fields().items():
-            arr = _filled((cap, *shape), np.nan if name in self._unknown_first else 0, dtype)
+            fill = -np.inf if name == "last_seen" else np.nan if name in self._unknown_first else 0
+            arr = _filled((cap, *shape), fill, dtype)
             if self.cap:
                 kept = getattr(self, name)[rows]
                 arr[:len(kept)] = kept
@@ -368,7 +369,6 @@ class _NodeRows:
             self._grow(self.cap + max(64, self.cap // 4))
         self.index[name] = i
         self.names.append(name)
-        self.last_seen.append(-np.inf)
         self.stamp.append(0)
         self.rank.append(0)
         return i
@@ -385,7 +385,7 @@ class _NodeRows:
         self._realloc(cap, keep)
         for ring in self._rings():
             ring.select(keep, cap)
-        for attr in ("names", "last_seen", "stamp", "rank", *self._row_lists()):
+        for attr in ("names", "stamp", "rank", *self._row_lists()):
             old_list = getattr(self, attr)
             setattr(self, attr, [old_list[i] for i in keep])
         self.index = {name: i for i, name in enumerate(self.names)}
@@ -509,7 +509,8 @@ class _FleetRows:
 
     def _refuse(self, refused: list[tuple[int, _NodeRows, int, str, float]]) -> None:
         """Note the samples refused (position, fleet, row, node, event time) and count them."""
-        self.refused = [Refused(pos, f.refusal(i, ts), name, ts, f.last_seen[i]) for pos, f, i, name, ts in refused]
+        self.refused = [Refused(pos, f.refusal(i, ts), name, ts, float(f.last_seen[i]))
+                        for pos, f, i, name, ts in refused]
         dup = sum(r.why == "duplicate" for r in self.refused)
         self.duplicates += dup
         self.late += len(self.refused) - dup
@@ -584,9 +585,11 @@ class GpuDetection(_FleetRows):
         # One pass in arrival order: drop duplicates and out-of-order samples, and number
         # the rest per node: the k-th accepted sample of a node in this batch goes to
         # round k of its fleet (nodes grouped by GPU count).
+        self._batch += 1
+        if len(b.groups) == 1 and len(set(b.node)) == len(b.node):
+            return self._once_each(b)
         out: list[Anomaly] = []
         rounds_by_g: dict[int, list[tuple[list[int], list[int]]]] = {}
-        self._batch += 1
         batch = self._batch
         fleets = self.fleets
         refused: list[tuple[int, _NodeRows, int, str, float]] = []
@@ -610,6 +613,29 @@ class GpuDetection(_FleetRows):
             f = fleets[g]
             for rows, positions in rounds:
                 out.extend(self._round(f, np.asarray(rows, dtype=np.int64), np.asarray(positions, dtype=np.int64), b))
+        self._refuse(refused)
+        out.sort(key=lambda a: a.ts)
+        return out
+
+    def _once_each(self, b: GpuBatch) -> list[Anomaly]:
+        """:meth:`process` for the usual batch: one GPU count, no node twice. One round,
+        with late and duplicate samples found over the whole batch at once."""
+        [g] = b.groups
+        f = self.fleets.get(g) or self._fleet(g)
+        rows = list(map(f.index.get, b.node))
+        if None in rows:
+            rows = [f.node(name) if i is None else i for i, name in zip(rows, b.node, strict=True)]
+        idx = np.asarray(rows, dtype=np.int64)
+        ok = b.ts > f.last_seen[idx]
+        refused: list[tuple[int, _NodeRows, int, str, float]] = []
+        if ok.all():
+            pos = np.arange(len(idx))
+        else:
+            pos = np.flatnonzero(ok)
+            refused = [(p, f, rows[p], b.node[p], float(b.ts[p])) for p in np.flatnonzero(~ok).tolist()]
+            idx = idx[pos]
+        f.last_seen[idx] = b.ts[pos]
+        out = self._round(f, idx, pos, b) if len(pos) else []
         self._refuse(refused)
         out.sort(key=lambda a: a.ts)
         return out

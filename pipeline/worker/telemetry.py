@@ -290,6 +290,10 @@ def install(w: Wiring) -> None:
                     for topic, msgs in by_topic.items():
                         await handle_telemetry(msgs, *telemetry[topic])
                     offsets.update(fetched)
+                    # let the verdict and actuation agents in: with records buffered, neither
+                    # getmany nor the sends above need to suspend, and a backlog would
+                    # otherwise hold the event loop batch after batch
+                    await asyncio.sleep(0)
                     if committing is not None and committing.done():
                         await settle_commit()
                     if offsets and committing is None and time.monotonic() - last_commit >= s.worker.commit_interval_s:

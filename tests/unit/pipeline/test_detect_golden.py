@@ -166,5 +166,38 @@ def test_findings_on_decoded_batches_are_those_recorded_before_columns() -> None
     assert findings(decoded=True) == _golden()
 
 
+def test_findings_on_batches_of_one_sample_per_node_are_those_recorded() -> None:
+    """The usual batch (each node once) takes a path of its own; cut the same stream so
+    that every batch is one, the findings are the same (refusals are numbered by batch,
+    so those are compared by sample; findings of different nodes are ordered by batch)."""
+    from pipeline.config import DetectorSettings
+    from pipeline.detect.glue import GpuDetection, decode_gpu
+
+    det = GpuDetection(DetectorSettings())
+    anomalies: list[dict[str, Any]] = []
+    refused: list[tuple[str, str, float]] = []
+    for batch in stream():
+        cut: list[list[bytes]] = [[]]
+        seen: set[str] = set()
+        for m in batch:
+            node = orjson.loads(m)["node"]
+            if node in seen:
+                cut.append([])
+                seen = set()
+            seen.add(node)
+            cut[-1].append(m)
+        for part in cut:
+            anomalies += [a.to_dict() for a in det.process(decode_gpu(part).batch)]
+            refused += [(r.why, r.node, r.ts) for r in det.refused]
+    golden = _golden()
+
+    def canonical(found: list[dict[str, Any]]) -> list[str]:
+        # the order of findings of different nodes follows the batches; each node's own do not
+        return sorted(json.dumps(a, sort_keys=True) for a in found)
+
+    assert canonical(anomalies) == canonical(golden["anomalies"])
+    assert sorted(refused) == sorted((why, node, ts) for _, _, why, node, ts in golden["refused"])
+
+
 if __name__ == "__main__":
     print(json.dumps(findings(decoded=False), sort_keys=True, separators=(",", ":")))
