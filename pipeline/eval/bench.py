@@ -681,7 +681,7 @@ def run(*, bootstrap: str, nodes: int, rounds: int, net_every: int, latency_seco
             + ", ".join(f"{k} {v * 1000:.0f}" for k, v in one_lat["stage_p99_s"].items() if v is not None))
         lats.append(one_lat)
     lat = _median_run(lats, "p99_s")
-    say("per-sample costs: decoding, parsing alone, columns, GPU detection")
+    say("per-sample costs: decoding into columns, pydantic alone, the mirror alone, parsing alone, GPU detection")
     costs = per_sample_costs(repeat=repeat)
     say("  " + ", ".join(f"{k[:-3]} {costs[k]:.1f} us" for k in ("decode_us", "pydantic_us", "mirror_us", "orjson_parse_us",
                                                                   "gpu_detection_us")))
