@@ -21,7 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import DecodeError, GpuSample, decode
+from pipeline.detect.glue import decode_each
+from schemas import GpuSample
 from schemas.columns import GPU_COLUMNS, GpuBatch, WireGpuSample, decode_gpu_batch
 from schemas.records import PER_GPU_FIELDS
 
@@ -46,15 +47,7 @@ def _same(a: GpuBatch, b: GpuBatch) -> None:
 
 def _agrees(messages: list[bytes | str | None]) -> tuple[int, int]:
     """Decode ``messages`` both ways; they must agree. (accepted, rejected)"""
-    accepted: list[GpuSample] = []
-    positions: list[int] = []
-    errors: list[tuple[int, str]] = []
-    for k, m in enumerate(messages):
-        try:
-            accepted.append(decode(GpuSample, m))
-            positions.append(k)
-        except DecodeError as exc:
-            errors.append((k, exc.reason))
+    accepted, positions, errors = decode_each(GpuSample)(messages)
     got = decode_gpu_batch(messages)
     assert got.errors == errors
     assert got.positions == positions
