@@ -336,8 +336,11 @@ start_training_operator() {
         --ca "$PKI/ca.crt" --name validator.training-operator.kubeflow.org --keep kubeflow.org/pytorchjobs --inert
     write_kubeconfig "$STATE_DIR/training-operator.kubeconfig" training-operator
     log "starting the training operator $TRAINING_OPERATOR_VERSION (PyTorchJob)"
+    # --kubeconfig (controller-runtime's flag) also puts the state dir on its command line,
+    # which is how stop knows the process is this control plane's (deploy/lib.sh live_pid)
     spawn training-operator env KUBECONFIG="$STATE_DIR/training-operator.kubeconfig" MY_POD_NAMESPACE=kubeflow \
-        "$dir/bin/training-operator" --enable-scheme=pytorchjob --leader-elect=false \
+        "$dir/bin/training-operator" --kubeconfig="$STATE_DIR/training-operator.kubeconfig" \
+        --enable-scheme=pytorchjob --leader-elect=false \
         --metrics-bind-address=0 --health-probe-bind-address="127.0.0.1:$(port_of training-operator-health)" \
         --webhook-server-port="$(port_of training-operator-webhook)"
     # the kubelet's part: the rotator writes its certificate into the Secret and waits to
