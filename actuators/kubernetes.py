@@ -1225,7 +1225,8 @@ class KubernetesBackend:
             live = [p for p in await self._pods_of(wl.namespace, wl.name) if _phase(p) not in ("Succeeded", "Failed")]
             if live or (wl.kind == wk.JOB and (wl.obj.get("status") or {}).get("startTime")):
                 raise Waiting(f"{ref}: suspended; {len(live)} of its pods still to stop", delay=CONTROLLER_POLL_S)
-            body = _merge(wk.exclusion_patch(wl.kind, wl.obj, exclude) if exclude else None, _requeue_mark(wl, request, "excluded"))
+            body = _merge(wk.exclusion_patch(wl.kind, wl.obj, exclude) if exclude else None,
+                          _requeue_mark(wl, request, "excluded"))
             await self._patch(wl.kind, wl.namespace, wl.name, body)
             raise Waiting(f"{ref}: nodes excluded; activating its Workload", delay=0.0)
         # excluded: Kueue may have replaced the Workload after the template changed

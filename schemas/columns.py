@@ -82,7 +82,8 @@ class WireGpuSample(msgspec.Struct, rename={"schema_": "schema"}):
     pci_bus_id: list[_Bus | None] | None = None
 
 
-_MIRROR = msgspec.json.Decoder(WireGpuSample)
+#: msgspec's decoder of the mirror (strict)
+MIRROR = msgspec.json.Decoder(WireGpuSample)
 _GETTERS = {name: operator.attrgetter(name) for name in PER_GPU_FIELDS}
 _NODE, _TS = operator.attrgetter("node"), operator.attrgetter("ts")
 
@@ -199,37 +200,23 @@ class Decoded(NamedTuple):
 def decode_gpu_batch(values: Sequence[bytes | str | None], fields: Iterable[str] = GPU_COLUMNS, *,
                      max_bytes: int = MAX_MESSAGE_BYTES) -> Decoded:
     """Decode ``telemetry.gpu`` messages into columns of ``fields``; see the module."""
-    records: list[Any] = []
-    positions: list[int] = []
-    errors: list[tuple[int, str]] = []
-    mirror = _MIRROR.decode
-    fast: list[Any] = []
-    slow: list[int] = []
+    read: dict[int, Any] = {}  # message position -> its sample
     for k, v in enumerate(values):
         if v is not None and len(v) <= max_bytes:
             try:
-                fast.append(mirror(v))
-                positions.append(k)
-                continue
+                read[k] = MIRROR.decode(v)
             except (msgspec.ValidationError, msgspec.DecodeError):
                 pass
-        slow.append(k)
-    if fast:
-        unequal = _unequal(fast)
-        if unequal:  # pydantic says which list is too long or short
-            drop = set(unequal)
-            slow.extend(positions[j] for j in unequal)
-            fast = [r for j, r in enumerate(fast) if j not in drop]
-            positions = [p for j, p in enumerate(positions) if j not in drop]
-    if slow:
-        at = dict(zip(positions, fast))
-        for k in slow:
-            try:
-                at[k] = decode(GpuSample, values[k], max_bytes=max_bytes)
-            except DecodeError as exc:
-                errors.append((k, exc.reason))
-        errors.sort()
-        positions = sorted(at)
-        fast = [at[k] for k in positions]
-    records = fast
-    return Decoded(GpuBatch.from_records(records, fields), positions, errors)
+    positions = list(read)
+    for j in _unequal(list(read.values())):  # pydantic says which list is too long or short
+        del read[positions[j]]
+    errors: list[tuple[int, str]] = []
+    if len(read) < len(values):
+        for k, v in enumerate(values):
+            if k not in read:
+                try:
+                    read[k] = decode(GpuSample, v, max_bytes=max_bytes)
+                except DecodeError as exc:
+                    errors.append((k, exc.reason))
+        read = dict(sorted(read.items()))
+    return Decoded(GpuBatch.from_records(list(read.values()), fields), list(read), errors)

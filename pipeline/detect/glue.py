@@ -21,7 +21,7 @@ import re
 import time
 import zlib
 from collections import deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -173,15 +173,28 @@ BUSY_SETTLE_S = 60.0
 JOB_IDLE_S = 3600.0
 
 
-def decode_gpu(values: list[Any]) -> tuple[GpuBatch, list[int], list[tuple[int, str]]]:
+class DecodedBatch(NamedTuple):
+    """A batch of telemetry messages as detection takes it: the valid ``samples`` (a
+    :class:`GpuBatch` or records), the message position of each, ``(position, reason)``
+    of each message that is not valid, and the samples' nodes and event times."""
+
+    samples: Any
+    positions: list[int]
+    errors: list[tuple[int, str]]
+    nodes: list[str]
+    times: list[float]
+
+
+def decode_gpu(values: Sequence[Any]) -> DecodedBatch:
     """GPU samples as the columns GPU detection reads (see :mod:`schemas.columns`)."""
-    return decode_gpu_batch(values, GPU_DETECTION_COLUMNS)
+    d = decode_gpu_batch(values, GPU_DETECTION_COLUMNS)
+    return DecodedBatch(d.batch, d.positions, d.errors, d.batch.node, d.batch.ts.tolist())
 
 
-def decode_each(model: type[Record]) -> Any:
+def decode_each(model: type[Record]) -> Callable[[Sequence[Any]], DecodedBatch]:
     """A batch decoder of ``model`` records, one message at a time."""
-    def dec(values: list[Any]) -> tuple[list[Record], list[int], list[tuple[int, str]]]:
-        records: list[Record] = []
+    def dec(values: Sequence[Any]) -> DecodedBatch:
+        records: list[Any] = []
         positions: list[int] = []
         errors: list[tuple[int, str]] = []
         for k, v in enumerate(values):
@@ -190,7 +203,7 @@ def decode_each(model: type[Record]) -> Any:
                 positions.append(k)
             except DecodeError as exc:
                 errors.append((k, exc.reason))
-        return records, positions, errors
+        return DecodedBatch(records, positions, errors, [r.node for r in records], [r.ts for r in records])
     return dec
 
 
@@ -334,8 +347,9 @@ class _NodeRows:
         self.cap = 0
         self._grow(capacity)
 
-    #: row arrays that start unknown (NaN) rather than zero
-    _unknown_first: tuple[str, ...] = ("seen_ts",)
+    #: what row arrays start as where not zero: the remembered event times unknown (NaN),
+    #: the last accepted one before any (-inf)
+    _fills: dict[str, float] = {"seen_ts": np.nan, "last_seen": -np.inf}
 
     def _fields(self) -> dict[str, tuple[tuple[int, ...], Any]]:
         raise NotImplementedError
@@ -355,8 +369,7 @@ class _NodeRows:
     def _realloc(self, cap: int, rows: slice | np.ndarray) -> None:
         """The row arrays at ``cap`` rows, holding the old ``rows`` first."""
         for name, (shape, dtype) in self._all_fields().items():
-            fill = -np.inf if name == "last_seen" else np.nan if name in self._unknown_first else 0
-            arr = _filled((cap, *shape), fill, dtype)
+            arr = _filled((cap, *shape), self._fills.get(name, 0), dtype)
             if self.cap:
                 kept = getattr(self, name)[rows]
                 arr[:len(kept)] = kept
@@ -447,7 +460,7 @@ class GpuFleetState(_NodeRows):
         super().__init__(capacity)
 
     #: the last known counters: none known until a node reports them
-    _unknown_first = ("seen_ts", "prev")
+    _fills = {**_NodeRows._fills, "prev": np.nan}
 
     def _rings(self) -> list[TimeRing]:
         return [self.rates, self.throttled]
@@ -582,12 +595,15 @@ class GpuDetection(_FleetRows):
         ``samples`` is a decoded batch (:func:`schemas.columns.decode_gpu_batch` with
         :data:`GPU_DETECTION_COLUMNS`) or records."""
         b = samples if isinstance(samples, GpuBatch) else GpuBatch.from_records(samples, GPU_DETECTION_COLUMNS)
-        # One pass in arrival order: drop duplicates and out-of-order samples, and number
-        # the rest per node: the k-th accepted sample of a node in this batch goes to
-        # round k of its fleet (nodes grouped by GPU count).
+        for group in b.groups.values():
+            if missing := [c for c in GPU_DETECTION_COLUMNS if c not in group.columns]:
+                raise ValueError(f"GPU detection needs the columns {', '.join(missing)} (decode with decode_gpu)")
         self._batch += 1
         if len(b.groups) == 1 and len(set(b.node)) == len(b.node):
             return self._once_each(b)
+        # One pass in arrival order: drop duplicates and out-of-order samples, and number
+        # the rest per node: the k-th accepted sample of a node in this batch goes to
+        # round k of its fleet (nodes grouped by GPU count).
         out: list[Anomaly] = []
         rounds_by_g: dict[int, list[tuple[list[int], list[int]]]] = {}
         batch = self._batch
@@ -666,7 +682,7 @@ class GpuDetection(_FleetRows):
         th = raw[:, THROTTLE]
         thermal = thermal_mask(np.where(np.isnan(th), 0.0, th).astype(np.int64))
         # temperatures matter only as evidence of throttling: kept for throttled samples
-        temp = np.where(thermal != 0, cols["temp"][local], np.nan) if "temp" in cols else np.full((m, g), np.nan)
+        temp = np.where(thermal != 0, cols["temp"][local], np.nan)
         dbe = delta[:, 3]
         if dbe.any() or remap.any() or lost.any():
             for fd in self.hard.detect(dbe, remap, lost):
@@ -738,16 +754,7 @@ class GpuDetection(_FleetRows):
         """Temperature and power of every GPU busy for :data:`BUSY_SETTLE_S` into their
         baselines (one row per node row and GPU); deviations are info anomalies."""
         g = f.g
-        nan = None
-        r = []
-        for name in ("util", "temp", "power"):
-            c = cols.get(name)
-            if c is None:
-                if nan is None:
-                    nan = np.full((len(idx), g), np.nan)
-                r.append(nan)
-            else:
-                r.append(c[local])
+        r = [cols[name][local] for name in ("util", "temp", "power")]
         util = r[0]
         busy = util > BUSY_UTIL  # a null utilisation is not busy
         since = np.where(busy & ~f.busy[idx], ts[:, None], f.busy_since[idx])
@@ -875,7 +882,6 @@ class NetworkDetection(_FleetRows):
         self.duplicates = 0
         self.refused: list[Refused] = []
         self._batch = 0
-
 
     @property
     def model(self) -> PortModel:

@@ -540,7 +540,7 @@ def per_sample_costs(nodes: int = 4000, rounds: int = 12, batch: int = 200, repe
     decoded batches. The collector as in a worker. Each the median of ``repeat`` passes,
     with min and max."""
     from pipeline.detect.glue import GpuDetection
-    from schemas.columns import _MIRROR
+    from schemas.columns import MIRROR
 
     load = FleetLoad(nodes)
     raw = [[v for _, v in load.gpu_round(k)] for k in range(rounds)]
@@ -551,7 +551,7 @@ def per_sample_costs(nodes: int = 4000, rounds: int = 12, batch: int = 200, repe
     with _collector_as_in_a_worker():
         for _ in range(repeat):
             t = time.perf_counter()
-            batches = [decode_gpu(r[j : j + batch]).batch for r in raw for j in range(0, len(r), batch)]
+            batches = [decode_gpu(r[j : j + batch]).samples for r in raw for j in range(0, len(r), batch)]
             runs["decode"].append((time.perf_counter() - t) / n * 1e6)
             t = time.perf_counter()
             for r in raw:
@@ -561,7 +561,7 @@ def per_sample_costs(nodes: int = 4000, rounds: int = 12, batch: int = 200, repe
             t = time.perf_counter()
             for r in raw:
                 for v in r:
-                    _MIRROR.decode(v)
+                    MIRROR.decode(v)
             runs["mirror"].append((time.perf_counter() - t) / n * 1e6)
             t = time.perf_counter()
             for r in raw:

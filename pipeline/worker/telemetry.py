@@ -14,24 +14,18 @@ import gc
 import logging
 import time
 from types import SimpleNamespace
+from collections.abc import Callable
 from typing import Any
 
 import faust
 
 from schemas import NetworkSample
-from schemas.columns import GpuBatch
 
 from pipeline.correlate.state import NodeState
-from pipeline.detect.glue import PartitionWatermark, decode_each, decode_gpu, late_reason
+from pipeline.detect.glue import DecodedBatch, PartitionWatermark, decode_each, decode_gpu, late_reason
 from pipeline.worker.wiring import Wiring
 
 log = logging.getLogger("fleetmedic")
-
-
-def _nodes_and_times(samples: GpuBatch | list[Any]) -> tuple[list[str], list[float]]:
-    if isinstance(samples, GpuBatch):
-        return samples.node, samples.ts.tolist()
-    return [x.node for x in samples], [x.ts for x in samples]
 
 
 def install(w: Wiring) -> None:
@@ -45,14 +39,15 @@ def install(w: Wiring) -> None:
     #: partitions assigned to another worker are forgotten (their detector state freed)
     where: dict[str, dict[str, int]] = {}
 
-    async def handle_telemetry(msgs: list[Any], decoder: Any, detection: Any, what: str,
+    async def handle_telemetry(msgs: list[Any], decoder: Callable[[list[Any]], DecodedBatch], detection: Any,
+                               what: str,
                                after: Any = None) -> None:
         """Decode a batch of records (``topic``, ``partition``, ``offset``, ``key``, ``value``
         attributes), detect over it at once, send anomalies; then ``after(nodes, times,
         partitions)`` of the samples accepted."""
         t0 = time.perf_counter()
         try:
-            samples, positions, errors = decoder([m.value for m in msgs])
+            samples, positions, errors, nodes, times = decoder([m.value for m in msgs])
         except Exception as exc:  # a decoder bug must not stop the stream either
             log.exception("%s decoding failed on a batch of %d messages", what, len(msgs))
             for m in msgs:
@@ -63,7 +58,6 @@ def install(w: Wiring) -> None:
             await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, reason)
         source = [msgs[k] for k in positions]  # the message of each decoded sample
         parts = [m.partition for m in source]  # and its partition
-        nodes, times = _nodes_and_times(samples)
         stats["telemetry"] += len(msgs)
         task = state.get("refit_task")
         if detection is net_detection and times and task is not None and not task.done() \

@@ -123,7 +123,7 @@ def findings(decoded: bool) -> dict[str, Any]:
     """Run GPU detection over :func:`stream`: on records (``decoded`` False), or on the
     hot path's decoded batches."""
     from pipeline.config import DetectorSettings
-    from pipeline.detect.glue import GpuDetection
+    from pipeline.detect.glue import GpuDetection, decode_gpu
     from schemas import GpuSample, decode
 
     det = GpuDetection(DetectorSettings())
@@ -131,11 +131,9 @@ def findings(decoded: bool) -> dict[str, Any]:
     refused: list[list[Any]] = []
     for n, batch in enumerate(stream()):
         if decoded:
-            from pipeline.detect.glue import decode_gpu
-
             got = decode_gpu(batch)
             assert not got.errors
-            found = det.process(got.batch)
+            found = det.process(got.samples)
         else:
             found = det.process([decode(GpuSample, m) for m in batch])
         anomalies += [a.to_dict() for a in found]
@@ -187,7 +185,7 @@ def test_findings_on_batches_of_one_sample_per_node_are_those_recorded() -> None
             seen.add(node)
             cut[-1].append(m)
         for part in cut:
-            anomalies += [a.to_dict() for a in det.process(decode_gpu(part).batch)]
+            anomalies += [a.to_dict() for a in det.process(decode_gpu(part).samples)]
             refused += [(r.why, r.node, r.ts) for r in det.refused]
     golden = _golden()
 
@@ -197,6 +195,34 @@ def test_findings_on_batches_of_one_sample_per_node_are_those_recorded() -> None
 
     assert canonical(anomalies) == canonical(golden["anomalies"])
     assert sorted(refused) == sorted((why, node, ts) for _, _, why, node, ts in golden["refused"])
+
+
+def test_upstream_dcgm_exporter_records_give_the_same_findings_as_records_and_as_decoded_batches() -> None:
+    """Input this project did not write: the records that upstream dcgm-exporter output
+    (tests/fixtures/dcgm-exporter/upstream, with Xid counts and a throttle mask) gives,
+    scraped again and again with their counters moving, through both paths."""
+    from pipeline.config import DetectorSettings
+    from pipeline.detect.glue import GpuDetection, decode_gpu
+    from schemas import GpuSample, decode
+
+    upstream = GOLDEN.parents[1] / "dcgm-exporter" / "upstream"
+    records = [r for p in sorted(upstream.glob("*.expected.json")) for r in json.loads(p.read_text())["records"]]
+    batches = []
+    for k in range(40):
+        batch = []
+        for r in records:
+            doc = {**r, "ts": r["ts"] + 10.0 * k}
+            if "ecc_dbe" in doc and k == 30:
+                doc["ecc_dbe"] = [v + 1 if v is not None else v for v in doc["ecc_dbe"]]
+            if k != 5:
+                doc["xids"] = []  # the exporter's Xid counts in the sixth scrape only
+            batch.append(orjson.dumps(doc))
+        batches.append(batch)
+    by_records, by_batches = GpuDetection(DetectorSettings()), GpuDetection(DetectorSettings())
+    one = [a.to_dict() for b in batches for a in by_records.process([decode(GpuSample, m) for m in b])]
+    two = [a.to_dict() for b in batches for a in by_batches.process(decode_gpu(b).samples)]
+    assert one == two
+    assert {a["detector"] for a in one} >= {"xid"}
 
 
 if __name__ == "__main__":
