@@ -345,24 +345,38 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
                         else:
                             (runner.verdicts if tp.topic == s.topic("verdicts") else runner.actions).append(rec)
 
+        clock = {"start": 0.0, "step": 0}
+
+        async def step(give_up: float) -> None:
+            """One simulated second: the cluster's telemetry and events, sent at ``speed``."""
+            batch = on_side(lambda: (cluster.tick(), cluster.out.copy(), cluster.out.clear())[1])
+            for topic, key, value in batch:
+                if topic in FUZZED and len(fuzzer.templates.get(topic, ())) < 20:
+                    fuzzer.keep(topic, orjson.loads(value))
+            await _send(producer, [(s.topic(topic), key.encode(), value) for topic, key, value in batch], give_up)
+            clock["step"] += 1
+            delay = clock["start"] + clock["step"] / speed - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+
         async def simulate() -> None:
             cluster.t0 = time.time()
             steps = int(duration * speed)
-            start = time.monotonic()
+            clock["start"] = time.monotonic()
             # a broker that never comes back must end the run with a report, not hang it
-            give_up = start + duration + 180
+            give_up = clock["start"] + duration + 180
             for i in range(steps):
                 if i and i % max(1, steps // 10) == 0:
                     say(f"chaos: scenario {100 * i // steps}% ({stats['kills']} kills, "
                         f"{stats['hostile_inputs']} hostile inputs, {len(runner.verdicts)} verdicts so far)")
-                batch = on_side(lambda: (cluster.tick(), cluster.out.copy(), cluster.out.clear())[1])
-                for topic, key, value in batch:
-                    if topic in FUZZED and len(fuzzer.templates.get(topic, ())) < 20:
-                        fuzzer.keep(topic, orjson.loads(value))
-                await _send(producer, [(s.topic(topic), key.encode(), value) for topic, key, value in batch], give_up)
-                delay = start + (i + 1) / speed - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                await step(give_up)
+
+        async def keep_running(until: asyncio.Event) -> None:
+            """The fleet goes on after the scenario: no new faults or kills, but every node
+            still reports, so a degradation that began late (or whose detection window a
+            worker kill restarted) is seen as it would be in service."""
+            while not until.is_set():
+                await step(time.monotonic() + 60)
 
         def kill(victim: WorkerProcess, *, planned: bool = True) -> None:
             """SIGKILL ``victim``'s process group; ``planned`` kills count as the run's kills."""
@@ -559,7 +573,9 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
         except TimeoutError:
             say("warning: the harness's producer did not flush within 60 s")
         # drain: every applied fault gets its verdict, every verdict its actions
-        say("chaos: scenario over; waiting for the pipeline to settle")
+        say("chaos: scenario over; the fleet keeps reporting while the pipeline settles")
+        settled = asyncio.Event()
+        fleet = asyncio.create_task(keep_running(settled))
         deadline = time.monotonic() + 180
         last_say = 0.0
         while time.monotonic() < deadline:
@@ -575,6 +591,8 @@ def _run(env: dict[str, str], bootstrap: str, *, nodes: int, duration: float, sp
                     f"{refused_dead}/{refused} refused hostile inputs dead-lettered")
             await asyncio.sleep(2)
         await asyncio.sleep(5)
+        settled.set()
+        await asyncio.wait_for(fleet, 90)
         stop.set()
         await asyncio.wait_for(fol, 30)
         # shutting the harness's own clients down must not hang the report (a producer
