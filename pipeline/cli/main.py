@@ -35,11 +35,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline import paths
 from pipeline.config import ConfigError, Settings, load_settings, state_dir
 from pipeline.worker.procs import WorkerProcess, free_port, wait_ready
 
-ROOT = Path(__file__).resolve().parents[2]
-KAFKA_SH = ROOT / "deploy" / "kafka.sh"
+KAFKA_SH = paths.deploy_script("kafka.sh")
 
 
 def _settings(args: argparse.Namespace, **overrides: dict) -> Settings:
@@ -343,8 +343,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out.write_text(json.dumps(ev, indent=2) + "\n")
     for p in report.plots(ev, out.parent):
         say(f"plot: {p}")
-    default_out = ROOT / "bench" / "results" / "eval.json"
-    full = quality is not None and closed is not None and out.resolve() == default_out.resolve()
+    default_out = paths.result("eval.json")
+    full = (quality is not None and closed is not None and paths.in_checkout()
+            and out.resolve() == default_out.resolve())
     if full and not args.quick:
         report.write_readme(ev, report.load("nab.json", out.parent))
         say(f"summary: {report.README}")
@@ -364,7 +365,7 @@ def cmd_eval_nab(args: argparse.Namespace) -> int:
 
     argv = ["--out", args.out] + (["--quick"] if args.quick else []) + (["--data", args.data] if args.data else [])
     rc = nab.main(argv)
-    if rc == 0 and not args.quick:
+    if rc == 0 and not args.quick and paths.in_checkout():
         report.write_readme(report.load("eval.json", Path(args.out).parent), report.load("nab.json", Path(args.out).parent))
         print(f"summary: {report.README}", file=sys.stderr)
     return rc
@@ -488,17 +489,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_contract(args: argparse.Namespace) -> int:
-    from pipeline.cli.contract import DOC, render
+    from pipeline.cli.contract import render
 
     text = render()
+    doc = paths.contract_doc()
     if args.check:
-        current = DOC.read_text() if DOC.exists() else ""
+        current = doc.read_text() if doc.exists() else ""
         if current != text:
-            print(f"fleetmedic: {DOC} is stale: run `fleetmedic contract`", file=sys.stderr)
+            print(f"fleetmedic: {doc} is stale: run `fleetmedic contract`", file=sys.stderr)
             return 1
-        print(f"{DOC} is up to date")
+        print(f"{doc} is up to date")
         return 0
-    out = Path(args.out) if args.out else DOC
+    if not args.out and not paths.in_checkout():
+        sys.stdout.write(text)  # an installed package's copy is not rewritten
+        return 0
+    out = Path(args.out) if args.out else doc
     out.write_text(text)
     print(out)
     return 0
@@ -517,7 +522,9 @@ def cmd_topics(args: argparse.Namespace) -> int:
 def cmd_schemas(args: argparse.Namespace) -> int:
     from schemas.jsonschema import JSON_DIR, write
 
-    for path in write(Path(args.out) if args.out else JSON_DIR):
+    # in a checkout, the repository's schemas/json; an installed package's copy is not rewritten
+    default = JSON_DIR if paths.in_checkout() else Path.cwd() / "schemas"
+    for path in write(Path(args.out) if args.out else default):
         print(path)
     return 0
 
@@ -625,9 +632,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--skip-closed-loop", action="store_true", help="only the quality run")
     sp.add_argument("--check", action="store_true",
                     help="exit 1 when an acceptance target of the parts that ran is missed (pipeline/eval/report.py)")
-    sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "eval.json"),
-                    help="JSON output path (bench/README.md's summary is written only for the default path)")
-    sp.set_defaults(func=cmd_eval)
+    sp.add_argument("--out", default=None, metavar="PATH",
+                    help="JSON output path (default bench/results/eval.json in a checkout, else "
+                         "./fleetmedic-results/eval.json; "
+                         "bench/README.md's summary is written only for the default path of a checkout)")
+    sp.set_defaults(func=cmd_eval, result="eval.json")
 
     sp = sub.add_parser("eval-nab", help="the univariate detector on NAB, scored by a scorer checked against NAB's own",
                         description="Reproduces the published Numenta detector's NAB scores from its per-row "
@@ -635,9 +644,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     "detector over ../shared/data/nab and compares it with every published "
                                     "detector on the same files. Writes bench/results/nab.json.")
     sp.add_argument("--quick", action="store_true", help="a handful of files")
-    sp.add_argument("--data", help="NAB directory (default ../shared/data/nab)")
-    sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "nab.json"), help="JSON output path")
-    sp.set_defaults(func=cmd_eval_nab)
+    sp.add_argument("--data", help="NAB directory (default nab under $FLEETMEDIC_DATA, else ../shared/data/nab)")
+    sp.add_argument("--out", default=None, metavar="PATH",
+                    help="JSON output path (default bench/results/nab.json in a checkout, "
+                         "else ./fleetmedic-results/nab.json)")
+    sp.set_defaults(func=cmd_eval_nab, result="nab.json")
 
     sp = sub.add_parser("eval-failures", help="real failure output replayed through the job and node tracks (JSON)",
                         description="Replays the failure corpus (tests/data/failures: real output from public "
@@ -663,8 +674,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="PyOD model of the run (all four are compared afterwards)")
     sp.add_argument("--no-compare", action="store_true", help="skip the model comparison")
     sp.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
-    sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "network.json"), help="JSON output path")
-    sp.set_defaults(func=cmd_eval_network)
+    sp.add_argument("--out", default=None, metavar="PATH",
+                    help="JSON output path (default bench/results/network.json in a checkout, "
+                         "else ./fleetmedic-results/network.json)")
+    sp.set_defaults(func=cmd_eval_network, result="network.json")
 
     sp = sub.add_parser("chaos", help="kill workers and brokers, take the backend down, fuzz; judge from the backend's log (JSON)",
                         description="A seeded fleet scenario on a real Kafka under fire: worker SIGKILLs in every phase "
@@ -685,8 +698,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--hostile", type=int, default=100_000, help="fuzzed malformed messages (default 100000)")
     sp.add_argument("--seed", type=int, default=1)
     sp.add_argument("--no-broker-restart", action="store_true", help="leave the brokers alone")
-    sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "chaos.json"), help="JSON output path")
-    sp.set_defaults(func=cmd_chaos)
+    sp.add_argument("--out", default=None, metavar="PATH",
+                    help="JSON output path (default bench/results/chaos.json in a checkout, "
+                         "else ./fleetmedic-results/chaos.json)")
+    sp.set_defaults(func=cmd_chaos, result="chaos.json")
 
     sp = sub.add_parser("bench", help="measure throughput, latency, scale-out and memory (writes JSON)")
     sp.add_argument("--nodes", type=int, default=10000, help="fleet size (default 10000 nodes x 8 GPUs)")
@@ -699,9 +714,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--repeat", type=int, default=3,
                     help="baseline/worker pairs measured back to back; medians are reported (default 3)")
     sp.add_argument("--quick", action="store_true", help="a small, fast run (300 nodes) that checks the harness works")
-    sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "throughput.json"), help="JSON output path")
+    sp.add_argument("--out", default=None, metavar="PATH",
+                    help="JSON output path (default bench/results/throughput.json in a checkout, "
+                         "else ./fleetmedic-results/throughput.json)")
     sp.add_argument("--keep-running", action="store_true", help="leave the broker running afterwards")
-    sp.set_defaults(func=cmd_bench)
+    sp.set_defaults(func=cmd_bench, result="throughput.json")
 
     sp = sub.add_parser(
         "bench-burst", help="isolate 100, 500 and 1,000 nodes at once on a real API server (writes JSON)",
@@ -723,9 +740,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where to isolate: the Kubernetes API server (Node objects), a Slurm controller (bench "
                          "nodes without slurmd, drained through scontrol), or both (default)")
     sp.add_argument("--quick", action="store_true", help="600 nodes, bursts of 20 and 50: checks the harness works")
-    sp.add_argument("--out", default=str(ROOT / "bench" / "results" / "burst.json"), help="JSON output path")
+    sp.add_argument("--out", default=None, metavar="PATH",
+                    help="JSON output path (default bench/results/burst.json in a checkout, "
+                         "else ./fleetmedic-results/burst.json)")
     sp.add_argument("--keep-running", action="store_true", help="leave the control plane and the broker running")
-    sp.set_defaults(func=cmd_bench_burst)
+    sp.set_defaults(func=cmd_bench_burst, result="burst.json")
 
     sp = sub.add_parser(
         "record", help="write the input topics (telemetry.gpu, telemetry.network, telemetry.job) to a recording",
@@ -754,7 +773,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("contract", help="write docs/contract.md (clocks, params, evidence, rules, metrics, "
                                          "endpoints, breaker) from the code",
                         description="Generate the integration contract from the code's registries and tables.")
-    sp.add_argument("--out", help="write here instead of docs/contract.md")
+    sp.add_argument("--out", help="write here instead of docs/contract.md (outside a checkout: standard output)")
     sp.add_argument("--check", action="store_true", help="exit 1 when docs/contract.md is not what would be written")
     sp.set_defaults(func=cmd_contract)
 
@@ -762,7 +781,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_topics)
 
     sp = sub.add_parser("schemas", help="write the JSON Schema files (schemas/json/)")
-    sp.add_argument("--out", help="directory to write to")
+    sp.add_argument("--out", help="directory to write to (default schemas/json in a checkout, else ./schemas)")
     sp.set_defaults(func=cmd_schemas)
 
     sp = sub.add_parser("config", help="print the effective configuration as JSON")
@@ -774,9 +793,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "simulate" and args.api_port == 0:
         args.api_port = 7070
+    if getattr(args, "result", None) and args.out is None:
+        args.out = str(paths.result(args.result))
     try:
         return int(args.func(args) or 0)
-    except ConfigError as exc:
+    except (ConfigError, FileNotFoundError) as exc:
+        # a bad setting, or a data set or file of ours that is not where it should be
         print(f"fleetmedic: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -107,6 +107,7 @@ import numpy as np
 
 from schemas import NodeNotice
 
+from pipeline import paths
 from pipeline.correlate.core import Correlator
 from pipeline.correlate.state import OUT_OF_POOL, NodeState, enter, new_node
 from pipeline.config import Settings, load_settings
@@ -125,8 +126,8 @@ HOUR = 3600.0
 DAY = 86400.0
 T0 = 1_800_000_000.0
 MICRO_NODES = 4
-ALIBABA_COV = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "alibaba-minibatch" / "data" / \
-    "coefficient_variation.csv"
+#: the Alibaba PAI mini-batch traces' step-time variation, under the data sets' root
+ALIBABA_COV = "alibaba-minibatch/data/coefficient_variation.csv"
 #: kinds whose node stays faulty after the failure (until it is taken out and repaired)
 PERSISTENT = HARDWARE_KINDS | {"hidden"}
 
@@ -1017,10 +1018,11 @@ def _stats(xs: list[float]) -> dict[str, Any]:
 
 def alibaba_cov() -> float | None:
     """Median per-iteration coefficient of variation of worker step times in the PAI trace."""
-    if not ALIBABA_COV.exists():
+    path = paths.data_root() / ALIBABA_COV
+    if not path.exists():
         return None
     rows = []
-    with open(ALIBABA_COV) as fh:
+    with open(path) as fh:
         next(fh)
         for line in fh:
             vals = [float(x) for x in line.strip().split(",")[1:] if x]

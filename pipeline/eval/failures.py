@@ -54,12 +54,13 @@ from typing import Any
 
 from schemas import INFRASTRUCTURE_CLASSES, JobEvent, JobEventKind, Verdict
 
+from pipeline import paths
 from pipeline.config import Settings
 from pipeline.eval.replay import LocalPipeline
 
-REPO = Path(__file__).resolve().parents[2]
-CORPUS = REPO / "tests" / "data" / "failures"
-DEFAULT_OUT = REPO / "bench" / "results" / "failures.json"
+REPO = paths.CHECKOUT
+#: the corpus fleetmedic ships (``tests/data/failures`` in a checkout)
+CORPUS = paths.failure_corpus()
 HARDWARE = INFRASTRUCTURE_CLASSES
 CLASSES = ("user_error", "transient_software", "gpu_hardware", "gpu_memory", "nvlink", "node_network",
            "fabric_switch", "unknown")
@@ -305,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="which part of the corpus to replay (default eval; rules are tuned on tune only)")
     ap.add_argument("--corpus", type=Path, default=CORPUS, help=f"corpus directory (default {CORPUS})")
     ap.add_argument("--out", type=Path, default=None,
-                    help=f"JSON to write (default {DEFAULT_OUT.relative_to(REPO)} for the eval split, else nothing)")
+                    help="JSON to write (default bench/results/failures.json in a checkout, else "
+                         "./fleetmedic-results/failures.json, for the eval split; else nothing)")
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     ap.add_argument("--show", action="store_true", help="print every case's decisions")
     args = ap.parse_args(argv)
@@ -314,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out = args.out if args.out is not None else (DEFAULT_OUT if args.split == "eval" else None)
+    out = args.out if args.out is not None else (paths.result("failures.json") if args.split == "eval" else None)
     if args.show:
         for variant, results in result["cases"].items():
             for r in results:

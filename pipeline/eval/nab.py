@@ -52,6 +52,8 @@ import numpy as np
 
 from detectors import UnivariateDetector
 
+from pipeline import paths
+
 __all__ = [
     "DETECTOR_PARAMS",
     "PROBATION_CAP",
@@ -75,9 +77,8 @@ __all__ = [
     "scorer_check",
 ]
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "nab"
-DEFAULT_OUT = REPO / "bench" / "results" / "nab.json"
+#: NAB's directory under the data sets' root (:func:`pipeline.paths.data_set`)
+DATA_NAME = "nab"
 
 #: Share of each file in the probationary period, and its cap in rows (NAB: 15% of 5000).
 PROBATION_FRACTION = 0.15
@@ -534,17 +535,18 @@ def _note(ours: dict, published: dict, rank: int, n_ranked: int, withheld: Seque
     )
 
 
-def run(*, quick: bool = False, data_dir: Path | None = None, out: Path | None = DEFAULT_OUT,
+def run(*, quick: bool = False, data_dir: Path | None = None, out: Path | None = None,
         say: Say = print) -> dict:
     """Check the scorer, run fleetmedic's detector over NAB, compare, write ``out``.
 
     ``quick``: only :data:`QUICK_FILES` (seconds; the scorer check still runs on
-    their Numenta rows). ``data_dir``: NAB's layout (default ``../shared/data/nab``
-    next to the repository). ``out``: the JSON to write, ``None`` for none.
+    their Numenta rows). ``data_dir``: NAB's layout (default ``nab`` under
+    ``$FLEETMEDIC_DATA``, else ``../shared/data/nab`` next to the repository). ``out``:
+    the JSON to write, ``None`` for none.
     Returns the result dict.
     """
     t0 = time.perf_counter()
-    data_dir = Path(data_dir) if data_dir is not None else DEFAULT_DATA
+    data_dir = Path(data_dir) if data_dir is not None else paths.data_set(DATA_NAME, option="--data")
     say(f"NAB: loading {'quick subset of ' if quick else ''}{data_dir}")
     corpus = load_corpus(data_dir, QUICK_FILES if quick else None)
     windows = sum(len(f.scored_windows) for f in corpus.files)
@@ -639,12 +641,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help=f"only {len(QUICK_FILES)} files (seconds), for the test suite")
     ap.add_argument("--data", type=Path, default=None,
-                    help=f"NAB directory with data/, labels/, config/, results/ (default {DEFAULT_DATA})")
+                    help="NAB directory with data/, labels/, config/, results/ (default nab under "
+                         "$FLEETMEDIC_DATA, else ../shared/data/nab beside the repository)")
     ap.add_argument("--out", type=Path, default=None,
-                    help=f"JSON to write (default {DEFAULT_OUT.relative_to(REPO)}; "
+                    help="JSON to write (default bench/results/nab.json in a checkout, else "
+                         "./fleetmedic-results/nab.json; "
                          "with --quick, nothing unless given)")
     args = ap.parse_args(argv)
-    out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
+    out = args.out if args.out is not None else (None if args.quick else paths.result("nab.json"))
     try:
         run(quick=args.quick, data_dir=args.data, out=out)
     except FileNotFoundError as exc:

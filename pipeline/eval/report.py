@@ -11,9 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "bench" / "results"
-README = ROOT / "bench" / "README.md"
+from pipeline import paths
+
+RESULTS = paths.results_dir()
+#: the summary's place in a checkout (an installed package has no bench/README.md)
+README = paths.CHECKOUT / "bench" / "README.md"
 START, END = "<!-- eval:start -->", "<!-- eval:end -->"
 POLICIES = ("fleetmedic", "fleetmedic_checkpoint_now", "reactive_oracle", "manual", "naive_cordon", "retry_only")
 #: the policies that are fleetmedic (the targets on ETTR and healthy nodes hold for both)
@@ -299,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
                                 description="Regenerate the evaluation plots and bench/README.md's summary from "
                                             "bench/results/eval.json and nab.json.")
     p.parse_args(argv)
+    if not paths.in_checkout():
+        p.error("bench/README.md is part of a checkout of the repository; this is an installed package")
     ev, nab = load("eval.json"), load("nab.json")
     if ev:
         plots(ev)

@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from pipeline import paths
+
 log = logging.getLogger("fleetmedic.sim")
 
 GPUS = 8
@@ -241,7 +243,6 @@ def _chaos_faults(spec: str, last: float, rng: random.Random) -> list[Fault]:
     return [_fault(k, start + (i + rng.random()) * slot) for i, k in enumerate(kinds)]
 
 
-REPO = Path(__file__).resolve().parents[2]
 #: each fault kind's failure output: the corpus excerpts of this class (watchdog: the NCCL
 #: watchdog timeouts whose cause lies elsewhere)
 TEXT_POOL = {
@@ -256,15 +257,15 @@ class RealText:
     """What real jobs and drivers printed, drawn at random: a job's failure output (exit
     code, reason, log tail) from the failure corpus's tune split, an Xid's text from the
     kernel-log fixtures.  Both live in the repository (``tests/data/failures/tune``,
-    ``tests/fixtures/kernel-log/lines.toml``, each excerpt with its public source);
-    ``FLEETMEDIC_FAILURE_CORPUS`` points elsewhere."""
+    ``tests/fixtures/kernel-log/lines.toml``, each excerpt with its public source), and an
+    installed package carries them (:mod:`pipeline.paths`); ``FLEETMEDIC_FAILURE_CORPUS``
+    points elsewhere."""
 
     def __init__(self, rng: random.Random, corpus: Path | None = None, lines: Path | None = None) -> None:
-        import os
         import tomllib
 
         self.rng = rng
-        corpus = corpus or Path(os.environ.get("FLEETMEDIC_FAILURE_CORPUS") or REPO / "tests/data/failures")
+        corpus = corpus or paths.failure_corpus()
         folder = corpus / "tune"
         if not folder.is_dir():
             raise FileNotFoundError(f"the simulator draws failure output from the failure corpus; {folder} is missing "
@@ -274,7 +275,7 @@ class RealText:
             raw = tomllib.loads(path.read_text(encoding="utf-8"))
             key = "watchdog" if raw.get("watchdog_elsewhere") else raw["fault_class"]
             self.pools.setdefault(key, []).append(raw)
-        lines = lines or REPO / "tests/fixtures/kernel-log/lines.toml"
+        lines = lines or paths.kernel_log_lines()
         self.xid_lines: dict[int, list[str]] = {}
         if lines.is_file():
             from detectors.nvrm import parse_xid

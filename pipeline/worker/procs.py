@@ -18,7 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-ROOT = Path(__file__).resolve().parents[2]
+from pipeline import paths
+
+#: the repository root (in a checkout; see :mod:`pipeline.paths`)
+ROOT = paths.CHECKOUT
 
 
 def free_port() -> int:
@@ -57,7 +60,8 @@ class WorkerProcess:
         self.env = {**env, "FLEETMEDIC_WORKER__WEB_PORT": str(self.web_port)}
         self.log = Path(log)
         self._out: TextIO = open(self.log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", *argv, "worker"], cwd=ROOT, env=self.env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", *argv, "worker"],
+                                     cwd=ROOT if paths.in_checkout() else None, env=self.env,
                                      stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
 
@@ -118,9 +122,9 @@ def wait_ready(workers: Sequence[WorkerProcess], timeout: float = 120) -> None:
     raise RuntimeError(f"worker not ready within {timeout:.0f}s; logs: {', '.join(str(w.log) for w in workers)}")
 
 
-KAFKA_SH = ROOT / "deploy" / "kafka.sh"
-K8S_SH = ROOT / "deploy" / "k8s.sh"
-SLURM_SH = ROOT / "deploy" / "slurm.sh"
+KAFKA_SH = paths.deploy_script("kafka.sh")
+K8S_SH = paths.deploy_script("k8s.sh")
+SLURM_SH = paths.deploy_script("slurm.sh")
 
 
 def deploy_script(script: Path, cmd: str, env: dict[str, str], *args: str, timeout: float = 300,
@@ -129,6 +133,8 @@ def deploy_script(script: Path, cmd: str, env: dict[str, str], *args: str, timeo
     ``KUBECONFIG=...`` after ``start``), or RuntimeError. Quiet, with the end of its error
     output in the error; with ``progress`` its progress goes to our standard error (a first
     build takes minutes)."""
+    # the scripts' Python helpers run under this interpreter (an installed fleetmedic has no .venv)
+    env = {"FLEETMEDIC_PYTHON": sys.executable, **env}
     res = subprocess.run(["bash", str(script), cmd, *args], env=env, stdout=subprocess.PIPE,
                          stderr=None if progress else subprocess.PIPE, text=True, timeout=timeout,
                          stdin=subprocess.DEVNULL)
