@@ -13,7 +13,14 @@ the other receivers:
 * ``format = "cloudevents"``: a CloudEvents 1.0 event in structured JSON mode
   (``specversion``, ``id`` = the verdict id, ``source``, ``type =
   io.fleetmedic.verdict``, ``time``, ``subject``, ``data`` = the verdict), sent with
-  ``Content-Type: application/cloudevents+json``.
+  ``Content-Type: application/cloudevents+json``;
+* ``format = "alertmanager-api"``: alerts posted to an Alertmanager itself, as Prometheus
+  posts them (``POST <url>/api/v2/alerts``, a list of ``{labels, annotations, startsAt,
+  endsAt, generatorURL}``), so that its routes, grouping, silences and inhibitions apply
+  (see :func:`alertmanager_api_alerts`). A node that a verdict takes out of service is one
+  alert, ``FleetmedicNodeOutOfService{node}``, firing until a verdict returns the node to
+  service, which resolves it; any other verdict is a ``FleetmedicVerdict`` alert that
+  resolves by itself after ``event_s``.
 
 Every body is signed when the receiver has a secret: ``X-Fleetmedic-Signature:
 t=<Unix seconds>,sha256=<hex HMAC-SHA256 of "<t>." + body>`` (see
@@ -51,7 +58,9 @@ from .webhook import post_signed, remember
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("alertmanager", "cloudevents")
+FORMATS = ("alertmanager", "cloudevents", "alertmanager-api")
+#: Alertmanager's endpoint for posting alerts, under a receiver's base url
+AM_ALERTS_PATH = "/api/v2/alerts"
 #: fault classes whose verdicts are critical alerts (a node or a switch is out of order)
 CRITICAL_CLASSES = frozenset({FaultClass.gpu_hardware, FaultClass.gpu_memory, FaultClass.nvlink,
                               FaultClass.node_network, FaultClass.fabric_switch})
@@ -63,9 +72,14 @@ class Receiver:
 
     name: str
     url: str
-    format: Literal["alertmanager", "cloudevents"] = "alertmanager"
+    format: Literal["alertmanager", "cloudevents", "alertmanager-api"] = "alertmanager"
     secret: str | None = None
     timeout_s: float = 10.0
+    #: alertmanager-api: how long a node's out-of-service alert fires without a return
+    #: (its ``endsAt``; Alertmanager resolves it then)
+    hold_s: float = 7 * 86400.0
+    #: alertmanager-api: how long any other verdict's alert fires
+    event_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -74,6 +88,15 @@ class Receiver:
             raise ValueError(f"receiver {self.name}: url must be http(s)://..., got {self.url!r}")
         if self.timeout_s <= 0:
             raise ValueError(f"receiver {self.name}: timeout_s must be > 0, got {self.timeout_s}")
+        if self.hold_s <= 0 or self.event_s <= 0:
+            raise ValueError(f"receiver {self.name}: hold_s and event_s must be > 0")
+
+    @property
+    def endpoint(self) -> str:
+        """Where bodies are posted: the url, or for ``alertmanager-api`` its alerts API."""
+        if self.format != "alertmanager-api" or self.url.rstrip("/").endswith(AM_ALERTS_PATH):
+            return self.url
+        return self.url.rstrip("/") + AM_ALERTS_PATH
 
 
 def _rfc3339(ts: float) -> str:
@@ -111,6 +134,50 @@ def alertmanager_body(v: Verdict, *, source: str, external_url: str = "") -> dic
             "commonAnnotations": annotations, "externalURL": external_url, "alerts": [alert]}
 
 
+def alertmanager_api_alerts(v: Verdict, *, source: str, external_url: str = "", hold_s: float = 7 * 86400.0,
+                            event_s: float = 3600.0) -> list[dict[str, Any]]:
+    """The alerts one verdict posts to Alertmanager's ``/api/v2/alerts``.
+
+    * each node the verdict isolates: ``FleetmedicNodeOutOfService{node, severity=critical,
+      source}``, firing from the verdict's time for ``hold_s``;
+    * each node it returns to service: the same alert, resolved (``endsAt`` = the
+      verdict's time). Alertmanager identifies an alert by its labels, so the return
+      resolves the alert of the isolation without knowing which verdict raised it;
+    * a verdict that does neither: ``FleetmedicVerdict{fault_class, scope, subject,
+      incident, severity, source}``, firing for ``event_s``.
+
+    Annotations carry the verdict (summary, fault class, incident, id, confidence,
+    evidence), all as strings, as Alertmanager requires.
+    """
+    start = _rfc3339(v.ts)
+    # generatorURL is a URI in Alertmanager's API: left out rather than empty
+    link = {"generatorURL": f"{external_url}/fleetmedic/verdicts/{v.id}"} if external_url else {}
+    notes = {"summary": _summary(v), "fault_class": v.fault_class.value, "incident": v.incident,
+             "verdict_id": v.id, "confidence": f"{v.confidence:.2f}",
+             "evidence": json.dumps(v.evidence, sort_keys=True, default=str)[:4000]}
+    out: list[dict[str, Any]] = []
+    isolated = list(dict.fromkeys(a.target for a in v.actions if a.action is ActionName.isolate))
+    returned = list(dict.fromkeys(a.target for a in v.actions if a.action is ActionName.return_))
+    for node in isolated:
+        out.append({"labels": {"alertname": "FleetmedicNodeOutOfService", "node": node, "severity": "critical",
+                               "source": source},
+                    "annotations": {**notes, "summary": f"{node} out of service: {_summary(v)}"},
+                    "startsAt": start, "endsAt": _rfc3339(v.ts + hold_s), **link})
+    for node in returned:
+        out.append({"labels": {"alertname": "FleetmedicNodeOutOfService", "node": node, "severity": "critical",
+                               "source": source},
+                    "annotations": {**notes, "summary": f"{node} back in service: {_summary(v)}"},
+                    "startsAt": start, "endsAt": start, **link})
+    if not isolated and not returned:
+        labels = {"alertname": "FleetmedicVerdict", "severity": _severity(v), "fault_class": v.fault_class.value,
+                  "scope": v.scope, "subject": v.subject, "incident": v.incident, "source": source}
+        if v.job:
+            labels["job_name"] = v.job
+        out.append({"labels": labels, "annotations": notes, "startsAt": start, "endsAt": _rfc3339(v.ts + event_s),
+                    **link})
+    return out
+
+
 def cloudevent_body(v: Verdict, *, source: str) -> dict[str, Any]:
     """A CloudEvents 1.0 event (structured JSON mode) carrying the verdict."""
     return {"specversion": "1.0", "id": v.id, "source": source, "type": "io.fleetmedic.verdict",
@@ -119,8 +186,14 @@ def cloudevent_body(v: Verdict, *, source: str) -> dict[str, Any]:
 
 
 def body_for(receiver: Receiver, v: Verdict, *, source: str, external_url: str = "") -> bytes:
-    doc = (alertmanager_body(v, source=source, external_url=external_url) if receiver.format == "alertmanager"
-           else cloudevent_body(v, source=source))
+    doc: Any
+    if receiver.format == "alertmanager":
+        doc = alertmanager_body(v, source=source, external_url=external_url)
+    elif receiver.format == "alertmanager-api":
+        doc = alertmanager_api_alerts(v, source=source, external_url=external_url, hold_s=receiver.hold_s,
+                                      event_s=receiver.event_s)
+    else:
+        doc = cloudevent_body(v, source=source)
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str).encode()
 
 
@@ -220,10 +293,10 @@ class AlertDispatcher:
 
     async def _deliver(self, r: Receiver, v: Verdict) -> None:
         body = body_for(r, v, source=self.source, external_url=self.external_url)
-        content_type = "application/json" if r.format == "alertmanager" else "application/cloudevents+json"
+        content_type = "application/cloudevents+json" if r.format == "cloudevents" else "application/json"
 
         async def post() -> str:
-            status = await post_signed(self._session_now(), r.url, body, key=v.id, secret=r.secret,
+            status = await post_signed(self._session_now(), r.endpoint, body, key=v.id, secret=r.secret,
                                        timeout_s=r.timeout_s, content_type=content_type)
             return f"delivered to {r.name} (HTTP {status})"
 

@@ -294,10 +294,16 @@ class WebhookSettings(_Section):
     @classmethod
     def _http_url(cls, v: str) -> str:
         return _check_url(v)
-    format: Literal["alertmanager", "cloudevents"] = Field(
-        "alertmanager", description="alertmanager: Alertmanager's webhook JSON; cloudevents: CloudEvents 1.0 JSON")
+    format: Literal["alertmanager", "cloudevents", "alertmanager-api"] = Field(
+        "alertmanager", description="alertmanager: Alertmanager's webhook JSON; cloudevents: CloudEvents 1.0 JSON; "
+                                    "alertmanager-api: alerts posted to an Alertmanager (url: its base URL; "
+                                    "POST <url>/api/v2/alerts), a node's alert firing until it is returned")
     secret: str | None = Field(None, description="HMAC-SHA256 key of the X-Fleetmedic-Signature header")
     timeout_s: float = Field(10.0, gt=0, le=300)
+    hold_s: float = Field(7 * 86400.0, gt=0, description="alertmanager-api: how long a node's out-of-service alert "
+                                                         "fires without a return (Alertmanager resolves it then)")
+    event_s: float = Field(3600.0, gt=0, description="alertmanager-api: how long the alert of any other verdict "
+                                                     "fires")
 
 
 class AlertSettings(_Section):

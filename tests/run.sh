@@ -11,6 +11,7 @@ cleanup() {
   bash deploy/k8s.sh stop >/dev/null 2>&1 || true
   bash deploy/slurm.sh stop >/dev/null 2>&1 || true
   bash deploy/kafka.sh stop >/dev/null 2>&1 || true
+  bash deploy/monitoring.sh stop >/dev/null 2>&1 || true
   rm -rf "$FLEETMEDIC_STATE"
 }
 trap cleanup EXIT
@@ -33,6 +34,9 @@ FLEETMEDIC_KUBECONFIG=$(FLEETMEDIC_K8S_ADDONS=${FLEETMEDIC_K8S_ADDONS-kueue,trai
   bash deploy/k8s.sh start | tail -n1 | sed 's/^KUBECONFIG=//')
 export FLEETMEDIC_KUBECONFIG
 echo "Kubernetes admin kubeconfig $FLEETMEDIC_KUBECONFIG"
+echo "== Prometheus, promtool and Alertmanager (built from the Go module proxy on first use and cached in"
+echo "   ~/.cache/fleetmedic/monitoring; the tests start them)"
+bash deploy/monitoring.sh build
 echo "== tests"
 set +e
 "$PY" -m pytest tests -q -p no:cacheprovider "$@"

@@ -69,15 +69,18 @@ def build_alerts(s: Settings, on_outcome: Any) -> Any:
         return None
     from actuators.alerts import AlertDispatcher, Receiver
     from actuators.retry import RetryPolicy
+    from schemas import ActionName
 
     a = s.alerts
     skip = set(a.exclude_classes)
     return AlertDispatcher(
-        [Receiver(w.name, w.url, format=w.format, secret=w.secret, timeout_s=w.timeout_s) for w in a.webhooks],
+        [Receiver(w.name, w.url, format=w.format, secret=w.secret, timeout_s=w.timeout_s, hold_s=w.hold_s,
+                  event_s=w.event_s) for w in a.webhooks],
         on_outcome=on_outcome, retry=RetryPolicy(max_attempts=a.max_attempts, base_delay=a.base_delay_s,
                                                  max_delay=a.max_delay_s),
         source=s.kafka.app_id, external_url=a.external_url, queue_size=a.queue_size,
-        want=lambda v: v.fault_class not in skip,
+        # a node's return to service always goes out: it resolves the alert of its isolation
+        want=lambda v: v.fault_class not in skip or any(x.action is ActionName.return_ for x in v.actions),
     )
 
 

@@ -52,25 +52,32 @@ class BackgroundLoop:
         self.thread.join(5)
 
 
+def serve(bg: BackgroundLoop, routes: list[tuple[str, str, Callable[[Any], Any]]]) -> tuple[Any, int]:
+    """Serve ``routes`` (method, path, aiohttp handler) on a free loopback port from
+    ``bg``'s loop: ``(runner, port)``; ``bg.run(runner.cleanup())`` ends it."""
+    from aiohttp import web
+
+    port = free_port()
+
+    async def start() -> Any:
+        app = web.Application()
+        for method, path, handler in routes:
+            app.router.add_route(method, path, handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return runner
+
+    return bg.run(start()), port
+
+
 class JwksServer:
     """An identity provider's key endpoint on loopback (``GET /certs``), served by ``certs``
     (an aiohttp handler) in a background loop."""
 
     def __init__(self, certs: Callable[[Any], Any]) -> None:
-        from aiohttp import web
-
         self.bg = BackgroundLoop()
-        self.port = free_port()
-
-        async def start() -> Any:
-            app = web.Application()
-            app.router.add_get("/certs", certs)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", self.port).start()
-            return runner
-
-        self.runner = self.bg.run(start())
+        self.runner, self.port = serve(self.bg, [("GET", "/certs", certs)])
 
     @property
     def url(self) -> str:

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from actuators.webhook import SIGNATURE_HEADER, verify
 
-from .harness import BackgroundLoop, ClusterAPI, Worker, collect, free_port, lose_gpus, produce
+from .harness import BackgroundLoop, ClusterAPI, Worker, collect, free_port, lose_gpus, produce, serve
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,6 @@ class Sink:
         self.fail_first = fail_first
         self.posts = 0
         self.received: list[tuple[dict[str, str], bytes]] = []
-        self.port = free_port()
 
         async def hook(request: web.Request) -> web.Response:
             body = await request.read()
@@ -45,15 +44,7 @@ class Sink:
             self.received.append((dict(request.headers), body))
             return web.Response(status=200, text="ok")
 
-        async def start() -> web.AppRunner:
-            app = web.Application()
-            app.router.add_post("/hook", hook)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", self.port).start()
-            return runner
-
-        self.runner = bg.run(start())
+        self.runner, self.port = serve(bg, [("POST", "/hook", hook)])
 
     @property
     def url(self) -> str:

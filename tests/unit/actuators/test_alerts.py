@@ -7,18 +7,24 @@ import json
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import jsonschema
 import pytest
 import pytest_asyncio
+import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from actuators.alerts import AlertDispatcher, Receiver, alertmanager_body, cloudevent_body
+from actuators.alerts import (AlertDispatcher, Receiver, alertmanager_api_alerts, alertmanager_body, body_for,
+                              cloudevent_body)
 from actuators.retry import RetryPolicy
 from actuators.webhook import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, verify
 from schemas import ActionName, ActionRecord, FaultClass, Outcome, PlannedAction, Verdict
 
 SECRET = "hook-secret"
+#: Alertmanager v0.35.0's own API document (tests/fixtures/alertmanager/README.md)
+AM_OPENAPI = Path(__file__).resolve().parents[2] / "fixtures" / "alertmanager" / "openapi.yaml"
 FAST = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.05, jitter=0.0)
 
 
@@ -111,6 +117,66 @@ def test_cloudevent_body_is_a_cloudevent_with_the_verdict() -> None:
     assert e["specversion"] == "1.0" and e["id"] == "v0004" and e["type"] == "io.fleetmedic.verdict"
     assert e["severity"] == "critical"  # it isolates a node
     assert Verdict.model_validate(e["data"]).id == v.id
+
+
+def _postable_alerts_schema() -> dict:
+    """``postableAlerts`` of Alertmanager's Swagger document, with its definitions, as a
+    JSON Schema (Swagger 2.0 definitions are JSON Schema draft 4)."""
+    doc = yaml.safe_load(AM_OPENAPI.read_text())
+    return {"$ref": "#/definitions/postableAlerts", "definitions": doc["definitions"]}
+
+
+def _returned(i: int) -> Verdict:
+    v = verdict(i)
+    return v.model_copy(update={"id": f"r{i:04d}", "ts": v.ts + 600.0, "fault_class": FaultClass.unknown,
+                                "actions": [PlannedAction(action=ActionName.return_, target=v.subject)]})
+
+
+def test_alertmanager_api_alerts_are_what_alertmanager_accepts() -> None:
+    """Isolation, return and a job verdict, checked against Alertmanager's own API
+    document; the return carries the same labels as the isolation (Alertmanager's
+    identity of an alert), resolved at the verdict's time."""
+    schema = _postable_alerts_schema()
+    fmt = jsonschema.Draft4Validator.FORMAT_CHECKER
+    job = verdict(5, FaultClass.user_error).model_copy(update={
+        "scope": "job", "subject": "train-7", "actions": [PlannedAction(action=ActionName.stop, target="train-7")]})
+    for v in (verdict(3), _returned(3), job):
+        for url in ("", "http://127.0.0.1:6066"):
+            alerts = alertmanager_api_alerts(v, source="fleetmedic-test", external_url=url)
+            jsonschema.validate(alerts, schema, format_checker=fmt)
+            assert all(isinstance(x, str) for a in alerts for x in a["annotations"].values())
+    fired, = alertmanager_api_alerts(verdict(3), source="fm", hold_s=7200)
+    resolved, = alertmanager_api_alerts(_returned(3), source="fm")
+    assert fired["labels"] == resolved["labels"] == {"alertname": "FleetmedicNodeOutOfService", "node": "node-003",
+                                                     "severity": "critical", "source": "fm"}
+    assert (fired["startsAt"], fired["endsAt"]) == ("2027-01-15T08:00:03Z", "2027-01-15T10:00:03Z")
+    assert resolved["endsAt"] == resolved["startsAt"] == "2027-01-15T08:10:03Z"
+    assert fired["annotations"]["verdict_id"] == "v0003" and fired["annotations"]["fault_class"] == "gpu_hardware"
+    event, = alertmanager_api_alerts(job, source="fm", event_s=60)
+    assert event["labels"]["alertname"] == "FleetmedicVerdict" and event["labels"]["subject"] == "train-7"
+    assert event["labels"]["fault_class"] == "user_error" and event["endsAt"] == "2027-01-15T08:01:05Z"
+
+
+def test_an_alert_that_breaks_alertmanagers_schema_is_caught_by_the_check() -> None:
+    """The check above can fail: a number among the annotations, or no labels, is refused."""
+    schema = _postable_alerts_schema()
+    good = alertmanager_api_alerts(verdict(3), source="fm")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{**good[0], "annotations": {"confidence": 0.95}}], schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{k: v for k, v in good[0].items() if k != "labels"}], schema)
+
+
+def test_an_alertmanager_api_receiver_posts_to_its_alerts_api() -> None:
+    r = Receiver("am", "http://127.0.0.1:9093", format="alertmanager-api")
+    assert r.endpoint == "http://127.0.0.1:9093/api/v2/alerts"
+    assert Receiver("am", "http://am:9093/api/v2/alerts/", format="alertmanager-api").endpoint == \
+        "http://am:9093/api/v2/alerts/"
+    assert Receiver("hook", "http://127.0.0.1:9/hook").endpoint == "http://127.0.0.1:9/hook"
+    body = json.loads(body_for(r, verdict(2), source="fm"))
+    assert isinstance(body, list) and body[0]["labels"]["node"] == "node-002"
+    with pytest.raises(ValueError, match="hold_s"):
+        Receiver("am", "http://127.0.0.1:9093", format="alertmanager-api", hold_s=0)
 
 
 def test_bad_receiver_config_is_refused() -> None:

@@ -113,6 +113,14 @@ def test_alert_settings_refuse_an_unknown_fault_class_and_twin_receivers(tmp_pat
         load_settings(path, environ={})
     path.write_text('[alerts]\nexclude_classes = ["user_error"]\n')
     assert load_settings(path, environ={}).alerts.exclude_classes == ["user_error"]
+    path.write_text('[[alerts.webhooks]]\nname = "am"\nurl = "http://127.0.0.1:9093"\nformat = "alertmanager-api"\n'
+                    'hold_s = 86400\n')
+    hook = load_settings(path, environ={}).alerts.webhooks[0]
+    assert (hook.format, hook.hold_s, hook.event_s) == ("alertmanager-api", 86400.0, 3600.0)
+    path.write_text('[[alerts.webhooks]]\nname = "am"\nurl = "http://127.0.0.1:9093"\nformat = "alertmanager-api"\n'
+                    'hold_s = 0\n')
+    with pytest.raises(ConfigError, match="hold_s"):
+        load_settings(path, environ={})
 
 
 @pytest.mark.parametrize("field, value", [
