@@ -95,7 +95,9 @@ def plan(sc: Scenario) -> list[Fault]:
         step = (hi - lo) / max(n, 1)
         for i in range(n):
             at = round(lo + step * (i + rng.random()))
-            f = Fault(kind=kind, at=float(at))
+            # a fault that finds nothing to strike (every job waiting on the pipeline's
+            # actions) waits for one until the fault window ends
+            f = Fault(kind=kind, at=float(at), give_up_at=float(hi))
             if kind in ("sbe_rise", "nvlink"):
                 ramp = rng.uniform(*sc.ramp_s)
                 f.fail_at = at + round(ramp)

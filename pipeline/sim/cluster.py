@@ -115,6 +115,9 @@ class Fault:
     tau: float | None = None
     leaf: str | None = None  # leaf: the switch at fault
     end_at: float | None = None  # leaf / nic: when the component is replaced (None: never)
+    #: the fault waits for something to strike (a running job, a busy node) until then;
+    #: None: 120 s after ``at``
+    give_up_at: float | None = None
 
 
 @dataclass
@@ -508,7 +511,7 @@ class Cluster:
         self.now += 1.0
         for f in list(self.pending_faults):
             if f.at <= self.now:
-                if self.apply_fault(f) or self.now - f.at > 120:
+                if self.apply_fault(f) or self.now > (f.at + 120 if f.give_up_at is None else f.give_up_at):
                     self.pending_faults.remove(f)
         for f in self.faults:
             if f.fail_at is not None and f.node and f.applied_ts is not None and abs(self.now - f.fail_at) < 0.5:

@@ -163,3 +163,21 @@ def test_score_names_each_transient_fault_not_retried_and_each_user_error_not_st
     assert result["transient_not_retried"] == ["nccl_timeout@train-0001 t=10: no verdict",
                                                "transient_crash@train-0002 t=20: first verdict stop (user_error)"]
     assert result["user_errors_not_stopped"] == ["user_bug@train-0003 t=30"]
+
+
+def test_a_fault_with_nothing_to_strike_waits_for_a_running_job_until_it_gives_up() -> None:
+    from pipeline.sim.cluster import Fault
+    c = _cluster()
+    _run(c, 5)
+    for j in c.jobs.values():  # every job has failed and waits on the pipeline
+        if j.status == "running":
+            c.fail_job(j, "worker process exited with signal 9", -9, "signal 9")
+    waits, drops = Fault("nccl_timeout", at=c.now + 1, give_up_at=c.now + 400), Fault("transient_crash", at=c.now + 1)
+    c.faults, c.pending_faults = [waits, drops], [waits, drops]
+    _run(c, 200)
+    assert waits.applied_ts is None and waits in c.pending_faults
+    assert drops.applied_ts is None and drops not in c.pending_faults  # the default: 120 s
+    failed = next(j for j in c.jobs.values() if j.status != "running")
+    _act(c, "k1:requeue:" + failed.id, "requeue", failed.id, exclude=[], attempt=failed.attempt)
+    _run(c, 30)
+    assert waits.applied_ts is not None and waits not in c.pending_faults
