@@ -340,6 +340,21 @@ class AuthSettings(_Section):
     leeway_s: float = Field(30.0, ge=0, le=600, description="clock skew allowed on exp/nbf/iat")
     metrics_public: bool = Field(False, description="serve /metrics without a token (for a Prometheus scrape)")
     client_id: str | None = Field(None, description="when set, a token's azp (the client it was issued to) must be it")
+    jwks_cache_s: float = Field(300.0, ge=30, le=600, description=(
+        "longest a key set is kept before it is refetched (less when the issuer's Cache-Control says so); "
+        "a key removed at the issuer is refused at most this long after"))
+    max_stale_s: float = Field(3600.0, ge=0, le=86400, description=(
+        "while the issuer cannot be reached, keys already held keep checking tokens this long past their "
+        "freshness; after that every request is refused (503) until the issuer answers"))
+    dashboard_client: str | None = Field(None, description=(
+        "the public OIDC client the dashboard signs in with (authorization code with PKCE, S256); "
+        "unset: the dashboard asks for a pasted token"))
+    authorization_url: str | None = Field(None, description=(
+        "the issuer's authorization endpoint (default: Keycloak's <issuer>/protocol/openid-connect/auth)"))
+    token_url: str | None = Field(None, description=(
+        "the issuer's token endpoint (default: Keycloak's <issuer>/protocol/openid-connect/token)"))
+    logout_url: str | None = Field(None, description=(
+        "the issuer's end-session endpoint (default: Keycloak's <issuer>/protocol/openid-connect/logout)"))
 
     @model_validator(mode="after")
     def _needs_issuer(self) -> AuthSettings:

@@ -12,6 +12,7 @@ cleanup() {
   bash deploy/slurm.sh stop >/dev/null 2>&1 || true
   bash deploy/kafka.sh stop >/dev/null 2>&1 || true
   bash deploy/monitoring.sh stop >/dev/null 2>&1 || true
+  bash deploy/keycloak.sh stop >/dev/null 2>&1 || true
   rm -rf "$FLEETMEDIC_STATE"
 }
 trap cleanup EXIT
@@ -37,6 +38,9 @@ echo "Kubernetes admin kubeconfig $FLEETMEDIC_KUBECONFIG"
 echo "== Prometheus, promtool and Alertmanager (built from the Go module proxy on first use and cached in"
 echo "   ~/.cache/fleetmedic/monitoring; the tests start them)"
 bash deploy/monitoring.sh build
+echo "== Keycloak (the distribution from Maven Central on first use, cached in ~/.cache/fleetmedic/keycloak;"
+echo "   the tests start it in dev mode with the realm of deploy/keycloak/realm.json)"
+bash deploy/keycloak.sh fetch
 echo "== tests"
 set +e
 "$PY" -m pytest tests -q -p no:cacheprovider "$@"

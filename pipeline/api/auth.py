@@ -83,30 +83,43 @@ class KeyStore:
       request with an unknown ``kid`` in between is refused at once (401), so tokens with made-up
       kids cannot queue requests behind the issuer.
     * Fetches are single-flight (one at a time, shared by every waiter) with ``timeout_s``.
+    * Fail closed: when the issuer cannot be reached, a token signed by a key already held
+      is still checked (its signature and expiry do not need the issuer), for at most
+      ``max_stale_s`` past the key set's freshness; after that, and for any key not held,
+      the answer is 503 naming the issuer's error.  Nothing waits longer than ``timeout_s``.
 
     ``fetch`` is injected (tests pass one; the worker's default uses aiohttp).
     """
 
     def __init__(self, url: str, *, fetch: Callable[[str, float], Awaitable[tuple[dict[str, Any], float | None]]] | None = None,
                  timeout_s: float = 3.0, max_ttl_s: float = 600.0, min_ttl_s: float = 30.0,
-                 unknown_every_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 unknown_every_s: float = 30.0, max_stale_s: float = 3600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.url = url
         self.fetch = fetch or _fetch_jwks
         self.timeout_s = timeout_s
         self.max_ttl_s = max_ttl_s
         self.min_ttl_s = min_ttl_s
         self.unknown_every_s = unknown_every_s
+        self.max_stale_s = max_stale_s
         self.clock = clock
         self.keys: dict[str, jwt.PyJWK] = {}
         self.fresh_until = 0.0
         self.last_fetch = -1e18
         self._inflight: asyncio.Task[None] | None = None
         self.fetches = 0
+        #: the last failed fetch's error ("" after a success)
+        self.last_error = ""
 
     async def _refresh(self) -> None:
         self.fetches += 1
         self.last_fetch = self.clock()
-        doc, max_age = await asyncio.wait_for(self.fetch(self.url, self.timeout_s), self.timeout_s + 0.5)
+        try:
+            doc, max_age = await asyncio.wait_for(self.fetch(self.url, self.timeout_s), self.timeout_s + 0.5)
+        except Exception as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            raise
+        self.last_error = ""
         keys: dict[str, jwt.PyJWK] = {}
         for jwk in doc.get("keys", []) if isinstance(doc, dict) else []:
             if not isinstance(jwk, dict) or not isinstance(jwk.get("kid"), str) or jwk.get("use", "sig") != "sig":
@@ -127,18 +140,20 @@ class KeyStore:
         """The signing key ``kid``; :class:`AuthError` when there is none (401) or the issuer
         cannot be reached and nothing is known (503)."""
         now = self.clock()
-        if kid in self.keys:
+        if kid in self.keys and now < self.fresh_until + self.max_stale_s:
             if now >= self.fresh_until:
                 task = self._start()  # refresh behind the request
                 task.add_done_callback(lambda t: t.exception())
             return self.keys[kid]
-        if self.keys and now - self.last_fetch < self.unknown_every_s and now < self.fresh_until:
+        if kid not in self.keys and self.keys and now - self.last_fetch < self.unknown_every_s \
+                and now < self.fresh_until:
             raise AuthError(401, f"unknown signing key {kid!r}")
         try:
             await asyncio.shield(self._start())
         except Exception as exc:
-            if not self.keys:
-                raise AuthError(503, f"cannot fetch the issuer's keys: {type(exc).__name__}: {exc}") from exc
+            what = f"key {kid!r}" if kid not in self.keys else f"key {kid!r} (held, but past its freshness)"
+            raise AuthError(503, f"cannot check {what}: the issuer's keys at {self.url} cannot be fetched "
+                                 f"({self.last_error or type(exc).__name__})") from exc
         if kid not in self.keys:
             raise AuthError(401, f"unknown signing key {kid!r}")
         return self.keys[kid]
@@ -164,7 +179,10 @@ class OidcAuth:
                  roles_claim: str = "realm_access.roles", viewer_role: str = "viewer",
                  operator_role: str = "operator", leeway_s: float = 30.0,
                  algorithms: tuple[str, ...] = ("RS256", "RS384", "RS512", "ES256", "ES384", "PS256"),
-                 jwks_cache_s: float = 300.0, timeout_s: float = 5.0, client_id: str | None = None) -> None:
+                 jwks_cache_s: float = 300.0, timeout_s: float = 5.0, client_id: str | None = None,
+                 max_stale_s: float = 3600.0, dashboard_client: str | None = None,
+                 authorization_url: str | None = None, token_url: str | None = None,
+                 logout_url: str | None = None) -> None:
         if not issuer:
             raise ValueError("issuer is required")
         if not audience:
@@ -178,10 +196,22 @@ class OidcAuth:
         self.leeway_s = leeway_s
         self.client_id = client_id
         self.algorithms = list(algorithms)
-        self.keys = KeyStore(self.jwks_url, timeout_s=min(timeout_s, 5.0), max_ttl_s=min(jwks_cache_s, 600.0))
+        self.keys = KeyStore(self.jwks_url, timeout_s=min(timeout_s, 5.0), max_ttl_s=min(jwks_cache_s, 600.0),
+                             min_ttl_s=min(30.0, jwks_cache_s), max_stale_s=max_stale_s)
+        # the dashboard's sign-in (authorization code with PKCE); Keycloak's endpoints by default
+        oidc = f"{self.issuer}/protocol/openid-connect"
+        self.sign_in = None if not dashboard_client else {
+            "client_id": dashboard_client,
+            "authorization_endpoint": authorization_url or f"{oidc}/auth",
+            "token_endpoint": token_url or f"{oidc}/token",
+            "end_session_endpoint": logout_url or f"{oidc}/logout",
+        }
 
     def describe(self) -> dict[str, Any]:
-        return {"enabled": True, "issuer": self.issuer, "audience": self.audience, "roles_claim": self.roles_claim}
+        return {"enabled": True, "issuer": self.issuer, "audience": self.audience, "roles_claim": self.roles_claim,
+                "roles": {"viewer": [k for k, v in self.role_map.items() if v == "viewer"],
+                          "operator": [k for k, v in self.role_map.items() if v == "operator"]},
+                "sign_in": self.sign_in}
 
     async def principal(self, authorization: str | None) -> Principal:
         if not authorization:

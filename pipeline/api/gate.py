@@ -50,10 +50,21 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
-    "Content-Security-Policy": ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' "
-                                "'unsafe-inline'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; "
-                                "base-uri 'none'; form-action 'none'"),
 }
+
+
+def content_security_policy(connect: Iterable[str] = ()) -> str:
+    """The pages' policy; ``connect``: origins besides this one the page may call (the
+    issuer's token endpoint, for the dashboard's sign-in)."""
+    extra = "".join(f" {o}" for o in sorted(set(connect)))
+    return ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+            f"img-src 'self' data:; connect-src 'self'{extra}; frame-ancestors 'none'; base-uri 'none'; "
+            "form-action 'none'")
+
+
+def _origin(url: str) -> str:
+    u = urlsplit(url)
+    return f"{u.scheme}://{u.netloc}"
 
 
 def host_name(value: str | None) -> str | None:
@@ -86,6 +97,7 @@ class GateConfig:
     allowed_hosts: frozenset[str]
     metrics_public: bool = False
     api_routes: set[str] = field(default_factory=set)
+    csp: str = field(default_factory=content_security_policy)
 
     @classmethod
     def for_worker(cls, auth: Any, *, web_host: str, web_bind: str, extra_hosts: Iterable[str] = (),
@@ -94,7 +106,10 @@ class GateConfig:
         hosts |= {h.lower() for h in extra_hosts}
         hosts.discard("0.0.0.0")
         hosts.discard("::")
-        return cls(auth=auth, allowed_hosts=frozenset(hosts), metrics_public=metrics_public)
+        sign_in = getattr(auth, "sign_in", None) or {}
+        connect = [_origin(sign_in["token_endpoint"])] if sign_in.get("token_endpoint") else []
+        return cls(auth=auth, allowed_hosts=frozenset(hosts), metrics_public=metrics_public,
+                   csp=content_security_policy(connect))
 
     def host_allowed(self, host: str | None) -> bool:
         h = host_name(host)
@@ -165,6 +180,7 @@ def make_gate(cfg: GateConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
         if not resp.prepared:
             for k, v in SECURITY_HEADERS.items():
                 resp.headers.setdefault(k, v)
+            resp.headers.setdefault("Content-Security-Policy", cfg.csp)
             if request.path.startswith("/api/"):
                 resp.headers.setdefault("Cache-Control", "no-store")
         return resp

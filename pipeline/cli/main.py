@@ -126,7 +126,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     api_port = args.api_port or free_port()
     overrides = {
         "FLEETMEDIC_KAFKA__BOOTSTRAP": bootstrap,
-        "FLEETMEDIC_WORKER__WEB_PORT": str(free_port()),
+        # a port of the user's choosing (an identity provider's redirect URI names it), else any
+        "FLEETMEDIC_WORKER__WEB_PORT": os.environ.get("FLEETMEDIC_WORKER__WEB_PORT") or str(free_port()),
         "FLEETMEDIC_WORKER__LOG_LEVEL": "info",
         "FLEETMEDIC_ACTUATORS__BACKEND": "sim",
         "FLEETMEDIC_ACTUATORS__SIM_URL": f"http://127.0.0.1:{api_port}",

@@ -60,7 +60,9 @@ def build_auth(s: Settings) -> Any:
         return NoAuth()
     return OidcAuth(issuer=a.issuer, audience=a.audience, jwks_url=a.jwks_url, roles_claim=a.roles_claim,
                     viewer_role=a.viewer_role, operator_role=a.operator_role, leeway_s=a.leeway_s,
-                    client_id=a.client_id)
+                    client_id=a.client_id, jwks_cache_s=a.jwks_cache_s, max_stale_s=a.max_stale_s,
+                    dashboard_client=a.dashboard_client, authorization_url=a.authorization_url,
+                    token_url=a.token_url, logout_url=a.logout_url)
 
 
 def build_alerts(s: Settings, on_outcome: Any) -> Any:

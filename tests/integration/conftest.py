@@ -12,6 +12,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,9 +24,10 @@ def _script(name: str, *args: str, timeout: float) -> subprocess.CompletedProces
                           text=True, timeout=timeout, check=False)
 
 
-def _local_service(script: str, env_var: str, prefix: str = "", start_timeout: float = 900) -> Iterator[str]:
-    """Yield the address the service's ``start`` prints last (less ``prefix``)."""
-    external = os.environ.get(env_var)
+def _local_service(script: str, env_var: str | None, prefix: str = "", start_timeout: float = 900) -> Iterator[str]:
+    """Yield the address the service's ``start`` prints last (less ``prefix``); ``env_var``
+    names one already running (None: always the script's)."""
+    external = os.environ.get(env_var) if env_var else None
     if external:
         yield external
         return
@@ -79,3 +81,13 @@ def k8s_deployed(kubeconfig: str) -> str:
     for name in ("namespace.yaml", "rbac.yaml", "config.yaml"):
         c.apply_manifest(DEPLOY_K8S / name)
     return kubeconfig
+
+
+@pytest.fixture(scope="session")
+def keycloak() -> Iterator[Any]:
+    """A Keycloak in dev mode with the realm ``fleetmedic`` (``deploy/keycloak.sh``: the
+    distribution from Maven Central, cached), as a :class:`~.keycloak_helpers.Keycloak`."""
+    from .keycloak_helpers import Keycloak
+
+    for _ in _local_service("keycloak.sh", None, prefix="KEYCLOAK=", start_timeout=900):
+        yield Keycloak()

@@ -139,3 +139,65 @@ def test_ten_thousand_nodes_are_one_canvas_not_ten_thousand_elements(browser, ru
     assert browser.execute_script("return window.fleetmedic.tileColor('big-00007')") == "#f9a825"
     assert int(browser.find_element("id", "counts").text.split()[0]) >= 10000
     print(f"11,430 node events on a 10,000-node page in {took:.0f} ms")
+
+
+def test_signing_in_through_keycloak_with_the_authorization_code_and_pkce(browser, kafka_bootstrap, keycloak):
+    """The dashboard's sign-in against a real Keycloak: the page sends the browser to
+    Keycloak's login form with an S256 code challenge, takes the code back, exchanges it
+    (with the verifier) at Keycloak's token endpoint and reads the fleet with that token."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from pipeline.config import load_settings
+
+    api = ClusterAPI(load_settings(environ={}))
+    api.add_nodes([f"kc-{i:02d}" for i in range(30)])
+    worker = Worker(kafka_bootstrap, sim_url=api.url, env={
+        "FLEETMEDIC_AUTH__ENABLED": "true", "FLEETMEDIC_AUTH__ISSUER": keycloak.issuer,
+        "FLEETMEDIC_AUTH__AUDIENCE": "fleetmedic", "FLEETMEDIC_AUTH__DASHBOARD_CLIENT": "fleetmedic-dashboard"})
+    base = f"http://127.0.0.1:{worker.env['FLEETMEDIC_WORKER__WEB_PORT']}"
+    # the administrator registers where this dashboard is served
+    keycloak.update_client("fleetmedic-dashboard", redirectUris=[f"{base}/*"], webOrigins=["+"])
+    worker.start()
+    try:
+        produce(kafka_bootstrap, [(worker.topic("telemetry.gpu"), n, gpu_sample(n, time.time()))
+                                  for n in ("kc-00", "kc-01")])
+        browser.delete_all_cookies()
+        browser.get(f"{base}/dashboard")
+        browser.execute_script("sessionStorage.clear()")
+        browser.get(f"{base}/dashboard")
+        _wait(lambda: browser.find_element("id", "signin").is_displayed(), what="the sign-in button")
+        assert "Sign in" in browser.find_element("id", "banner").text
+        browser.find_element("id", "signin").click()
+        _wait(lambda: browser.current_url.startswith(keycloak.issuer), what="Keycloak's login page")
+        q = parse_qs(urlsplit(browser.current_url).query)
+        assert q["code_challenge_method"] == ["S256"] and len(q["code_challenge"][0]) == 43, q
+        assert q["client_id"] == ["fleetmedic-dashboard"] and q["response_type"] == ["code"]
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        _wait(lambda: browser.find_elements("id", "username"), what="the login form")
+        browser.save_screenshot(str(SHOTS / "dashboard_keycloak_login.png"))
+        browser.find_element("id", "username").send_keys("ada")
+        browser.find_element("id", "password").send_keys(keycloak.password("ada"))
+        browser.find_element("id", "kc-login").click()
+        _wait(lambda: browser.current_url.startswith(base), timeout=30, what="the way back to the dashboard")
+        _wait(lambda: "ada (operator)" in browser.find_element("id", "whoami").text, what="the signed-in user")
+        _wait(lambda: "live" in browser.find_element("id", "live").text, what="the event stream")
+        assert "code=" not in browser.current_url  # the code is taken out of the address bar
+        tok = browser.execute_script("return sessionStorage.getItem('fleetmedic-token')")
+        import jwt
+
+        claims = jwt.decode(tok, options={"verify_signature": False})
+        assert claims["iss"] == keycloak.issuer and claims["azp"] == "fleetmedic-dashboard"
+        assert "fleetmedic" in ([claims["aud"]] if isinstance(claims["aud"], str) else claims["aud"])
+        assert int(browser.find_element("id", "counts").text.split()[0]) >= 2
+        assert not browser.find_element("id", "signin").is_displayed()
+        browser.save_screenshot(str(SHOTS / "dashboard_signed_in.png"))
+        # signing out ends the Keycloak session too: the next sign-in asks for a password again
+        browser.find_element("id", "signout").click()
+        _wait(lambda: browser.current_url.startswith(base) and browser.find_element("id", "signin").is_displayed(),
+              timeout=30, what="signed out")
+        assert browser.execute_script("return sessionStorage.getItem('fleetmedic-token')") is None
+        browser.find_element("id", "signin").click()
+        _wait(lambda: browser.find_elements("id", "username"), what="the login form again")
+    finally:
+        worker.stop()
+        api.close()

@@ -215,3 +215,31 @@ async def test_a_token_issued_to_another_client_or_in_another_algorithm_is_refus
     with pytest.raises(AuthError) as e:
         await authorize(a, f"Bearer {token(['viewer'], typ='ID')}", "viewer")
     assert "ID token" in e.value.reason
+
+
+@pytest.mark.asyncio
+async def test_with_the_issuer_down_a_held_key_serves_until_it_is_too_stale_then_every_check_fails_closed() -> None:
+    now = [0.0]
+    issuer = _Issuer({"k1": _jwk(KEY)}, max_age=60)
+    store = KeyStore("http://kc/certs", fetch=issuer, clock=lambda: now[0], max_stale_s=600)
+    await store.key("k1")
+
+    async def down(url: str, timeout: float) -> tuple[dict[str, Any], float | None]:
+        raise ConnectionRefusedError("Connect call failed ('127.0.0.1', 8080)")
+
+    store.fetch = down
+    now[0] = 100.0  # stale: served from memory, the refresh behind it fails
+    assert (await store.key("k1")).key_id == "k1"
+    with pytest.raises(ConnectionRefusedError):
+        await store._inflight
+    assert "Connect call failed" in store.last_error
+    now[0] = 131.0  # a kid it does not hold cannot be checked: 503 with the issuer's error
+    with pytest.raises(AuthError) as e:
+        await store.key("k9")
+    assert e.value.status == 503 and "Connect call failed" in e.value.reason and "http://kc/certs" in e.value.reason
+    now[0] = 60.0 + 600.0 + 1  # past freshness plus max_stale_s: the held key is no longer trusted
+    with pytest.raises(AuthError) as e:
+        await store.key("k1")
+    assert e.value.status == 503 and "past its freshness" in e.value.reason
+    store.fetch = issuer  # the issuer is back: the key is good again
+    assert (await store.key("k1")).key_id == "k1" and store.last_error == ""

@@ -139,3 +139,23 @@ def test_a_bad_webhook_url_fails_at_start_naming_the_field(field, value) -> None
 def test_allowed_hosts_from_the_environment_are_comma_separated() -> None:
     s = load_settings(environ={"FLEETMEDIC_WORKER__ALLOWED_HOSTS": "svc.fleetmedic, ingress.example"})
     assert s.worker.allowed_hosts == ["svc.fleetmedic", "ingress.example"]
+
+
+def test_the_sign_in_settings_reach_the_authenticator_and_bad_ones_name_their_field() -> None:
+    from pipeline.worker.build import build_auth
+
+    s = load_settings(environ={"FLEETMEDIC_AUTH__ENABLED": "true", "FLEETMEDIC_AUTH__ISSUER": "https://kc/realms/gpu",
+                               "FLEETMEDIC_AUTH__AUDIENCE": "fleetmedic", "FLEETMEDIC_AUTH__JWKS_CACHE_S": "45",
+                               "FLEETMEDIC_AUTH__DASHBOARD_CLIENT": "fleetmedic-dashboard"})
+    a = build_auth(s)
+    assert a.keys.max_ttl_s == 45 and a.keys.max_stale_s == 3600
+    assert a.describe()["sign_in"] == {
+        "client_id": "fleetmedic-dashboard",
+        "authorization_endpoint": "https://kc/realms/gpu/protocol/openid-connect/auth",
+        "token_endpoint": "https://kc/realms/gpu/protocol/openid-connect/token",
+        "end_session_endpoint": "https://kc/realms/gpu/protocol/openid-connect/logout"}
+    assert build_auth(load_settings(environ={"FLEETMEDIC_AUTH__ENABLED": "true", "FLEETMEDIC_AUTH__ISSUER": "https://kc/r",
+                                             "FLEETMEDIC_AUTH__AUDIENCE": "a"})).describe()["sign_in"] is None
+    with pytest.raises(ConfigError) as err:
+        load_settings(environ={"FLEETMEDIC_AUTH__JWKS_CACHE_S": "5"})
+    assert "auth.jwks_cache_s" in str(err.value)
