@@ -7,11 +7,12 @@ ARGS ?=
 STAMP := $(VENV)/.installed
 
 
-.PHONY: demo test bench bench-burst eval eval-nab eval-network eval-failures chaos unit integration lint schemas kafka-start kafka-stop clean help
+.PHONY: demo test bench bench-burst eval eval-nab eval-network eval-failures chaos unit integration lint schemas manifests kafka-start kafka-stop clean help
 
 help:
 	@echo "make demo   - install, start the embedded Kafka, a worker and the simulated cluster (ARGS=\"--duration 120 --seed 1\")"
 	@echo "make test   - install, start Kafka, run unit + integration tests, stop Kafka"
+	@echo "make manifests - the chart's values schema and deploy/kubernetes/fleetmedic.yaml (the chart rendered with its defaults)"
 	@echo "make bench  - throughput/latency/scale-out/memory of a 10,000-node fleet (ARGS=--quick for a smoke run)"
 	@echo "make bench-burst - 100/500/1,000 simultaneous hardware faults isolated on a real API server of 10,000 nodes, against the raw PATCH limit (bench/results/burst.json)"
 	@echo "make eval   - detection quality (512 nodes, 300 faults, Kafka + Faust) and a 54-day closed loop vs three baselines (bench/results/eval.json)"
@@ -65,6 +66,16 @@ lint: $(STAMP)
 
 schemas: $(STAMP)
 	@$(PY) -m schemas.jsonschema
+
+# the chart's values schema from the settings, and deploy/kubernetes/fleetmedic.yaml: the
+# chart rendered with its defaults (Helm v4 is built once by deploy/helm.sh)
+manifests: $(STAMP)
+	@$(PY) -m pipeline chart-schema
+	@{ echo "# Rendered from deploy/helm/fleetmedic with its default values by make manifests; do not edit."; \
+	  echo "# Apply into the namespaces of namespace.yaml: kubectl apply --server-side -f deploy/kubernetes/"; \
+	  bash deploy/helm.sh template fleetmedic deploy/helm/fleetmedic --namespace fleetmedic; } > deploy/kubernetes/fleetmedic.yaml.tmp
+	@mv deploy/kubernetes/fleetmedic.yaml.tmp deploy/kubernetes/fleetmedic.yaml
+	@echo "deploy/kubernetes/fleetmedic.yaml"
 
 kafka-start:
 	@bash deploy/kafka.sh start

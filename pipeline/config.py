@@ -8,6 +8,7 @@ A bad value fails at start with a message that names the field.
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -482,11 +483,21 @@ def load_settings(
     if path:
         p = Path(path)
         try:
-            data = tomllib.loads(p.read_text())
+            text = p.read_text()
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {p}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+        if p.suffix == ".json":  # the Helm chart writes JSON: its numbers keep their type
+            try:
+                data = json.loads(text)
+            except ValueError as exc:
+                raise ConfigError(f"config file {p} is not valid JSON: {exc}") from None
+            if not isinstance(data, dict):
+                raise ConfigError(f"config file {p} must hold a JSON object of sections")
+        else:
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
     data = _merge(data, _env_overrides(env))
     if overrides:
         data = _merge(data, overrides)

@@ -41,6 +41,8 @@ bash deploy/monitoring.sh build
 echo "== Keycloak (the distribution from Maven Central on first use, cached in ~/.cache/fleetmedic/keycloak;"
 echo "   the tests start it in dev mode with the realm of deploy/keycloak/realm.json)"
 bash deploy/keycloak.sh fetch
+echo "== Helm v4 (built from the Go module proxy on first use and cached in ~/.cache/fleetmedic/helm)"
+bash deploy/helm.sh build
 echo "== tests"
 set +e
 "$PY" -m pytest tests -q -p no:cacheprovider "$@"

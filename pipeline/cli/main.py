@@ -17,6 +17,7 @@
     fleetmedic contract    write docs/contract.md from the code
     fleetmedic topics      create fleetmedic's topics on a broker
     fleetmedic schemas     write the JSON Schema files of every record
+    fleetmedic chart-schema write the Helm chart's values.schema.json from the settings
     fleetmedic config      print the effective configuration
 """
 
@@ -530,6 +531,25 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chart_schema(args: argparse.Namespace) -> int:
+    from pipeline.cli.chart import render, schema_path
+
+    out = Path(args.out) if args.out else schema_path()
+    if not args.out and not paths.in_checkout():
+        raise SystemExit("chart-schema: an installed package's chart is not rewritten; give --out FILE")
+    text = render()
+    if args.check:
+        if not out.exists() or out.read_text() != text:
+            print(f"{out} is not current: run fleetmedic chart-schema", file=sys.stderr)
+            return 1
+        print(f"{out} is current")
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(out)
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     s = _settings(args)
     print(json.dumps(s.model_dump(), indent=2))
@@ -784,6 +804,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("schemas", help="write the JSON Schema files (schemas/json/)")
     sp.add_argument("--out", help="directory to write to (default schemas/json in a checkout, else ./schemas)")
     sp.set_defaults(func=cmd_schemas)
+
+    sp = sub.add_parser("chart-schema", help="write the Helm chart's values.schema.json from the settings schema")
+    sp.add_argument("--out", help="file to write (default deploy/helm/fleetmedic/values.schema.json in a checkout)")
+    sp.add_argument("--check", action="store_true", help="only say whether the file is current (exit 1 if not)")
+    sp.set_defaults(func=cmd_chart_schema)
 
     sp = sub.add_parser("config", help="print the effective configuration as JSON")
     sp.set_defaults(func=cmd_config)

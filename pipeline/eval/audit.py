@@ -41,7 +41,7 @@ from typing import Any
 
 from actuators.kubernetes import ANNOTATION_VERDICT
 
-#: fleetmedic's identity on the API server (deploy/kubernetes/rbac.yaml)
+#: fleetmedic's identity on the API server (the ClusterRole of deploy/helm/fleetmedic)
 FLEETMEDIC_SERVICE_ACCOUNT = "system:serviceaccount:fleetmedic:fleetmedic"
 #: the annotation naming the node a diagnostics Job runs on
 NODE_ANNOTATION = "fleetmedic.dev/node-name"

@@ -78,8 +78,9 @@ def k8s_deployed(kubeconfig: str) -> str:
     from .k8s_helpers import DEPLOY_K8S, Cluster
 
     c = Cluster(kubeconfig)
-    for name in ("namespace.yaml", "rbac.yaml", "config.yaml"):
-        c.apply_manifest(DEPLOY_K8S / name)
+    c.apply_manifest(DEPLOY_K8S / "namespace.yaml")
+    c.apply_manifest(DEPLOY_K8S / "fleetmedic.yaml",
+                     kinds={"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap"})
     return kubeconfig
 
 

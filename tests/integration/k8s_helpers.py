@@ -96,12 +96,13 @@ class Cluster:
                  lambda: _exists(lambda: self.core.read_namespaced_service_account("default", name)), 30)
         return name
 
-    def apply_manifest(self, path: Path, *, dry_run: bool = False) -> list[dict[str, Any]]:
+    def apply_manifest(self, path: Path, *, dry_run: bool = False, kinds: set[str] | None = None) -> list[dict[str, Any]]:
         """Server-side apply of every object of a YAML file (``kubectl apply --server-side``),
-        or its server-side dry-run (``--dry-run=server``): validated and admitted, not stored."""
+        or its server-side dry-run (``--dry-run=server``): validated and admitted, not stored.
+        ``kinds``: only the objects of these kinds."""
         import kubernetes.utils
 
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d and (kinds is None or d.get("kind") in kinds)]
         for doc in docs:
             ns = doc.get("metadata", {}).get("namespace", "default")
             kubernetes.utils.create_from_dict(self.api, doc, namespace=ns, apply=True,

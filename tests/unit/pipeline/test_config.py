@@ -159,3 +159,16 @@ def test_the_sign_in_settings_reach_the_authenticator_and_bad_ones_name_their_fi
     with pytest.raises(ConfigError) as err:
         load_settings(environ={"FLEETMEDIC_AUTH__JWKS_CACHE_S": "5"})
     assert "auth.jwks_cache_s" in str(err.value)
+
+
+def test_a_json_config_file_is_read_as_json_and_a_bad_one_is_a_clear_error(tmp_path: Path) -> None:
+    f = tmp_path / "fleetmedic.json"
+    f.write_text('{"kafka": {"partitions": 12}, "safety": {"dry_run": true}}')
+    s = load_settings(environ={"FLEETMEDIC_CONFIG": str(f)})
+    assert s.kafka.partitions == 12 and s.safety.dry_run is True
+    f.write_text('{"kafka": ')
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_settings(environ={"FLEETMEDIC_CONFIG": str(f)})
+    f.write_text('[1, 2]')
+    with pytest.raises(ConfigError, match="JSON object"):
+        load_settings(environ={"FLEETMEDIC_CONFIG": str(f)})
