@@ -37,6 +37,8 @@ from schemas import ActionName, FaultClass, NodeNotice, PlannedAction, Verdict
 
 from pipeline.api.auth import AuthError, NoAuth, OidcAuth, authorize
 from pipeline.api.gate import SECURITY_HEADERS
+from pipeline.api.history import GpuHistory
+from pipeline.api.kpi import fleet_counts, saved_vs_manual
 
 API = "/api/v1"
 DASHBOARD = Path(__file__).parent / "web" / "dashboard.html"
@@ -70,6 +72,13 @@ class ApiContext:
     stream_clients: dict[str, int] = field(default_factory=dict)
     #: nodes that sent telemetry to this worker (healthy unless the node table says otherwise)
     known: set[str] = field(default_factory=set)
+    #: recent GPU telemetry of the nodes an operator looks at (the node page's plots)
+    history: GpuHistory = field(default_factory=GpuHistory)
+    #: the circuit breaker's window now: {used, budget, window_s}
+    breaker: Callable[[], dict[str, Any]] | None = None
+    #: the manual baseline's expected delay (hours) for GPU-hours saved; None: not shown
+    human_hours: float | None = None
+    gpus_per_node: int = 8
 
     def publish(self, kind: str, doc: dict[str, Any]) -> None:
         """Hand an event to every open stream; a stream too slow to keep up is closed
@@ -86,7 +95,22 @@ class ApiContext:
         self.publish("verdict", v)
 
     def saw_node(self, node: str, state: str, h: dict[str, Any]) -> None:
+        if state == "healthy":
+            self.history.unwatch(node)
+        else:
+            self.history.watch(node)
         self.publish("node", {"node": node, "state": state, "since": h.get("since"), "fault_class": h.get("fault_class")})
+
+    def node_list(self) -> list[dict[str, Any]]:
+        out = []
+        table = dict(self.node_table.items())
+        for node in set(table) | self.known:
+            h = table.get(node) or {}
+            jobs = sorted(h.get("jobs") or {}) or ([h["job"]] if h.get("job") else [])
+            out.append({"node": node, "state": h.get("state") or "healthy", "since": h.get("since"), "jobs": jobs,
+                        "fault_class": h.get("fault_class"), "incident": h.get("incident")})
+        out.sort(key=lambda x: x["node"])
+        return out
 
     def saw_switch(self, switch: str, faulty: bool) -> None:
         self.publish("switch", {"switch": switch, "state": "faulty" if faulty else "ok"})
@@ -237,17 +261,7 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
         @needs("viewer")
         async def get(self, request: Any, who: Any) -> Any:
             state = request.query.get("state")
-            out = []
-            table = dict(ctx.node_table.items())
-            for node in set(table) | ctx.known:
-                h = table.get(node) or {}
-                st = h.get("state") or "healthy"
-                if state and st != state:
-                    continue
-                jobs = sorted(h.get("jobs") or {}) or ([h["job"]] if h.get("job") else [])
-                out.append({"node": node, "state": st, "since": h.get("since"), "jobs": jobs,
-                            "fault_class": h.get("fault_class"), "incident": h.get("incident")})
-            out.sort(key=lambda x: x["node"])
+            out = [n for n in ctx.node_list() if not state or n["state"] == state]
             return self.json({"nodes": out[: _limit(request, 20000)], "count": len(out)})
 
     @page(f"{API}/nodes/{{node}}")
@@ -262,12 +276,62 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
             verdicts = [v for v in ctx.verdicts if v.get("subject") == node or node in (v.get("nodes") or [])]
             return self.json({"node": node, "health": h, "verdicts": verdicts[-50:]})
 
+    @page(f"{API}/nodes/{{node}}/gpu")
+    class NodeGpu(faust.web.View):
+        @needs("viewer")
+        async def get(self, request: Any, who: Any, node: str) -> Any:
+            h = ctx.node_table.get(node)
+            if h is None and node not in ctx.known:
+                return self.json({"error": f"no node {node!r}"}, status=404)
+            ctx.history.opened(node)  # recorded from now on while its page is open
+            doc = ctx.history.of(node, last=_limit(request, ctx.history.keep))
+            doc["anomalies"] = (h or {}).get("anomalies") or []
+            doc["xids"] = (h or {}).get("xids") or []
+            return self.json(doc)
+
+    @page(f"{API}/summary")
+    class Summary(faust.web.View):
+        @needs("viewer")
+        async def get(self, request: Any, who: Any) -> Any:
+            doc: dict[str, Any] = {"nodes": fleet_counts(ctx.node_list()), "held": len(ctx.held()),
+                                   "dry_run": ctx.dry_run()}
+            if ctx.breaker is not None:
+                b = ctx.breaker()
+                doc["breaker"] = {**b, "left": max(0, b["budget"] - b["used"])}
+            if ctx.human_hours is not None:
+                doc["saved"] = saved_vs_manual(ctx.verdicts, ctx.actions, human_hours=ctx.human_hours,
+                                               gpus_per_node=ctx.gpus_per_node)
+            return self.json(doc)
+
+    @page(f"{API}/jobs/{{job}}")
+    class JobDetail(faust.web.View):
+        @needs("viewer")
+        async def get(self, request: Any, who: Any, job: str) -> Any:
+            h = ctx.job_table.get(job)
+            verdicts = [v for v in ctx.verdicts if v.get("job") == job or v.get("subject") == job]
+            if h is None and not verdicts:
+                return self.json({"error": f"no job {job!r}"}, status=404)
+            h = h or {}
+            ids = {v.get("id") for v in verdicts}
+            actions = [a for a in ctx.actions if a.get("verdict_id") in ids or a.get("target") == job]
+            excluded = sorted({n for a in actions for n in (a.get("params") or {}).get("exclude") or []}
+                              | {n for v in verdicts for act in v.get("actions") or []
+                                 for n in (act.get("params") or {}).get("exclude") or []})
+            failures = [{"attempt": f.get("attempt"), "ts": f.get("ts"), "nodes": f.get("nodes"),
+                         "reason": f.get("reason"), "exit_code": f.get("exit_code"),
+                         "triage": (f.get("triage") or {}).get("kind")} for f in h.get("failures") or []]
+            return self.json({"job": job, "status": h.get("status"), "attempt": h.get("attempt"),
+                              "nodes": h.get("nodes") or [], "scheduler": h.get("scheduler"),
+                              "failures": failures, "excluded": excluded, "node_faults": h.get("node_faults") or {},
+                              "verdicts": verdicts[-50:], "actions": actions[-100:]})
+
     @page(f"{API}/jobs")
     class Jobs(faust.web.View):
         @needs("viewer")
         async def get(self, request: Any, who: Any) -> Any:
             out = [{"job": j, "status": (h or {}).get("status"), "nodes": (h or {}).get("nodes"),
-                    "attempt": (h or {}).get("attempt")} for j, h in list(ctx.job_table.items())]
+                    "attempt": (h or {}).get("attempt"), "failures": len((h or {}).get("failures") or [])}
+                   for j, h in list(ctx.job_table.items())]
             out.sort(key=lambda x: x["job"])
             return self.json({"jobs": out[: _limit(request, 20000)], "count": len(out)})
 

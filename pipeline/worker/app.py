@@ -24,6 +24,7 @@ bad input.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import faust
@@ -103,6 +104,22 @@ def _operator_api(w: Wiring, auth: Any, gate: GateConfig) -> Any:
         dry_run=lambda: control_state.dry_run, set_dry_run=set_dry_run,
         held=control_state.held, settle_held=lambda key: control.delete(HELD + key),
         dry_run_origin=control_state.dry_run_origin,
+        breaker=lambda: {"used": w.breaker.used(time.time()), "budget": w.breaker.budget(w.fleet_size()),
+                         "window_s": w.breaker.window_s},
+        human_hours=_manual_hours(),
     )
     gate.api_routes |= set(api_mod.install(w.app, ctx))
     return ctx
+
+
+def _manual_hours() -> float | None:
+    """The expected delay of a person under make eval's manual baseline (field.toml)."""
+    from pipeline.api.kpi import expected_human_hours
+    from pipeline.eval.field import load
+
+    try:
+        f = load()
+    except Exception:  # the dashboard then shows no saving rather than a wrong one
+        log.exception("field model not readable: GPU-hours saved will not be shown")
+        return None
+    return expected_human_hours(f.human_median_hours, f.human_sigma)

@@ -67,6 +67,8 @@ def install(w: Wiring) -> None:
         timing["decode_s"] += t1 - t0
         try:
             anomalies = detection.process(samples)
+            if detection is gpu_detection and w.api.history.watched:
+                w.api.history.record(samples)
             if detection.refused:
                 # a redelivered sample is counted and dropped; a late one (older than the
                 # node's windows) goes to the dead-letter topic with its reason
