@@ -144,7 +144,21 @@ def findings(decoded: bool) -> dict[str, Any]:
 def _golden() -> dict[str, Any]:
     with gzip.open(GOLDEN, "rt") as f:
         data: dict[str, Any] = json.load(f)
-    return data
+    return _rounded(data)
+
+
+def _rounded(x: Any) -> Any:
+    """``x`` with every float to 10 significant digits: the recording is compared to what
+    this machine computes, and SciPy's tail probabilities (the rate scores) may differ in
+    the last bit from one release to the next.  The two paths on one machine are compared
+    exactly."""
+    if isinstance(x, float):
+        return float(f"{x:.10g}")
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_rounded(v) for v in x]
+    return x
 
 
 def test_the_golden_stream_covers_every_gpu_finding_kind() -> None:
@@ -157,11 +171,13 @@ def test_the_golden_stream_covers_every_gpu_finding_kind() -> None:
 
 
 def test_findings_on_records_are_those_recorded_before_columns() -> None:
-    assert findings(decoded=False) == _golden()
+    assert _rounded(findings(decoded=False)) == _golden()
 
 
 def test_findings_on_decoded_batches_are_those_recorded_before_columns() -> None:
-    assert findings(decoded=True) == _golden()
+    got = findings(decoded=True)
+    assert _rounded(got) == _golden()
+    assert got == findings(decoded=False)  # the hot path's decoding and records agree exactly
 
 
 def test_findings_on_batches_of_one_sample_per_node_are_those_recorded() -> None:
@@ -193,7 +209,7 @@ def test_findings_on_batches_of_one_sample_per_node_are_those_recorded() -> None
         # the order of findings of different nodes follows the batches; each node's own do not
         return sorted(json.dumps(a, sort_keys=True) for a in found)
 
-    assert canonical(anomalies) == canonical(golden["anomalies"])
+    assert canonical(_rounded(anomalies)) == canonical(golden["anomalies"])
     assert sorted(refused) == sorted((why, node, ts) for _, _, why, node, ts in golden["refused"])
 
 
