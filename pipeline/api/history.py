@@ -10,13 +10,14 @@ page says since when.
 
 Channels per GPU: temperature, power, utilisation, volatile single- and double-bit ECC
 counts, NVLink CRC errors and PCIe replays, as the agent reports them (NaN where a GPU
-does not report one).
+does not report one).  Beside them, a watched node's step time in its job against its
+peers in the same progress event (the peers' median, minimum and maximum).
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,8 @@ class GpuHistory:
         self.series: OrderedDict[str, _Series] = OrderedDict()
         #: node -> until when it is watched (math.inf: while it is not healthy)
         self.watched: dict[str, float] = {}
+        #: node -> (ts, job, its step time, the peers' median, minimum, maximum)
+        self.steps: OrderedDict[str, deque[tuple[float, str, float, float, float, float]]] = OrderedDict()
 
     def watch(self, node: str, *, for_s: float | None = None) -> None:
         """Record ``node`` from now on: until it is healthy again (``for_s`` None), or for
@@ -120,17 +123,48 @@ class GpuHistory:
                 kept += 1
         return kept
 
+    def record_steps(self, job: str, ts: float, step_times: dict[str, float] | None) -> int:
+        """Keep the step time of each watched node of a job's progress event beside its
+        peers' (the other nodes of the same event); how many nodes were kept."""
+        if not self.watched or not step_times or len(step_times) < 2:
+            return 0
+        now = self.clock()
+        kept = 0
+        for node, own in step_times.items():
+            until = self.watched.get(node)
+            if until is None or until < now:
+                continue
+            peers = np.fromiter((v for n, v in step_times.items() if n != node), dtype=np.float64)
+            q = self.steps.get(node)
+            if q is None:
+                q = self.steps[node] = deque(maxlen=self.keep)
+                while len(self.steps) > self.max_nodes:
+                    self.steps.popitem(last=False)
+            else:
+                self.steps.move_to_end(node)
+            q.append((float(ts), job, float(own), float(np.median(peers)), float(peers.min()), float(peers.max())))
+            kept += 1
+        return kept
+
     def _evict(self) -> None:
         while len(self.series) > self.max_nodes:
             self.series.popitem(last=False)
+
+    def steps_of(self, node: str, *, last: int | None = None) -> dict[str, list[Any]]:
+        rows = sorted(self.steps.get(node) or ())
+        if last is not None:
+            rows = rows[-last:]
+        cols = ("ts", "job", "node", "peer_median", "peer_min", "peer_max")
+        return {c: [r[i] if i == 1 else round(r[i], 4) for r in rows] for i, c in enumerate(cols)}
 
     def of(self, node: str, *, last: int | None = None) -> dict[str, Any]:
         """The node's series for the page: times, and per channel one list per GPU (None
         where absent)."""
         s = self.series.get(node)
         watched = node in self.watched
+        steps = self.steps_of(node, last=last)
         if s is None:
-            return {"node": node, "recording": watched, "since": None, "ts": [], "channels": []}
+            return {"node": node, "recording": watched, "since": None, "ts": [], "channels": [], "steps": steps}
         ts, vals = s.ordered()
         if last is not None:
             ts, vals = ts[-last:], vals[-last:]
@@ -142,4 +176,4 @@ class GpuHistory:
             chans.append({"key": key, "label": label, "unit": unit,
                           "gpus": [[None if math.isnan(v) else round(float(v), 3) for v in row] for row in per_gpu]})
         return {"node": node, "recording": watched, "since": s.since, "gpus": s.gpus,
-                "ts": [round(float(t), 3) for t in ts], "channels": chans}
+                "ts": [round(float(t), 3) for t in ts], "channels": chans, "steps": steps}

@@ -52,14 +52,20 @@ def saved_vs_manual(verdicts: Iterable[dict[str, Any]], actions: Iterable[dict[s
                      "to act, times the job's GPUs, per job recovery carried out"}
 
 
-def fleet_counts(nodes: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Nodes by state, and the nodes out of service by fault class."""
+def fleet_counts(nodes: Iterable[dict[str, Any]], held: Iterable[str] = ()) -> dict[str, Any]:
+    """Nodes by state, and the nodes out of service by fault class.  A node whose isolation
+    the breaker ``held`` for a person is still in service: counted apart, not as out."""
+    waiting = set(held)
     by_state: Counter[str] = Counter()
     out_by_class: Counter[str] = Counter()
+    held_count = 0
     for n in nodes:
         st = n.get("state") or "healthy"
         by_state[st] += 1
-        if st in OUT:
+        if n.get("node") in waiting:
+            held_count += 1
+        elif st in OUT:
             out_by_class[n.get("fault_class") or "unknown"] += 1
     return {"total": sum(by_state.values()), "by_state": dict(by_state),
-            "out": sum(out_by_class.values()), "out_by_class": dict(out_by_class.most_common())}
+            "out": sum(out_by_class.values()), "out_by_class": dict(out_by_class.most_common()),
+            "held_in_service": held_count}

@@ -79,6 +79,8 @@ class ApiContext:
     #: the manual baseline's expected delay (hours) for GPU-hours saved; None: not shown
     human_hours: float | None = None
     gpus_per_node: int = 8
+    #: each node's switches by port, from its fabric telemetry
+    node_switches: Callable[[], dict[str, tuple[str, ...]]] | None = None
 
     def publish(self, kind: str, doc: dict[str, Any]) -> None:
         """Hand an event to every open stream; a stream too slow to keep up is closed
@@ -104,11 +106,15 @@ class ApiContext:
     def node_list(self) -> list[dict[str, Any]]:
         out = []
         table = dict(self.node_table.items())
-        for node in set(table) | self.known:
+        wired = self.node_switches() if self.node_switches is not None else {}
+        for node in set(table) | self.known | set(wired):
             h = table.get(node) or {}
             jobs = sorted(h.get("jobs") or {}) or ([h["job"]] if h.get("job") else [])
+            sws = wired.get(node) or ()
+            # the switch most of its ports hang off (a rail-optimised node names one per rail)
+            leaf = max(sorted(set(sws)), key=sws.count) if sws else None
             out.append({"node": node, "state": h.get("state") or "healthy", "since": h.get("since"), "jobs": jobs,
-                        "fault_class": h.get("fault_class"), "incident": h.get("incident")})
+                        "fault_class": h.get("fault_class"), "incident": h.get("incident"), "switch": leaf})
         out.sort(key=lambda x: x["node"])
         return out
 
@@ -120,9 +126,9 @@ class ApiContext:
         self.publish("action", a)
 
 
-def _limit(request: Any, default: int = 200) -> int:
+def _limit(request: Any, default: int = 200, cap: int = 5000) -> int:
     try:
-        return max(1, min(int(request.query.get("limit", default)), 5000))
+        return max(1, min(int(request.query.get("limit", default)), cap))
     except ValueError:
         return default
 
@@ -262,7 +268,7 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
         async def get(self, request: Any, who: Any) -> Any:
             state = request.query.get("state")
             out = [n for n in ctx.node_list() if not state or n["state"] == state]
-            return self.json({"nodes": out[: _limit(request, 20000)], "count": len(out)})
+            return self.json({"nodes": out[: _limit(request, 100_000, 100_000)], "count": len(out)})
 
     @page(f"{API}/nodes/{{node}}")
     class NodeDetail(faust.web.View):
@@ -293,7 +299,9 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
     class Summary(faust.web.View):
         @needs("viewer")
         async def get(self, request: Any, who: Any) -> Any:
-            doc: dict[str, Any] = {"nodes": fleet_counts(ctx.node_list()), "held": len(ctx.held()),
+            held = ctx.held()
+            doc: dict[str, Any] = {"nodes": fleet_counts(ctx.node_list(), (a.get("target") for a in held.values())),
+                                   "held": len(held),
                                    "dry_run": ctx.dry_run()}
             if ctx.breaker is not None:
                 b = ctx.breaker()
@@ -333,7 +341,7 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
                     "attempt": (h or {}).get("attempt"), "failures": len((h or {}).get("failures") or [])}
                    for j, h in list(ctx.job_table.items())]
             out.sort(key=lambda x: x["job"])
-            return self.json({"jobs": out[: _limit(request, 20000)], "count": len(out)})
+            return self.json({"jobs": out[: _limit(request, 100_000, 100_000)], "count": len(out)})
 
     @page(f"{API}/verdicts")
     class Verdicts(faust.web.View):

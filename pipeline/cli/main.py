@@ -417,14 +417,30 @@ def cmd_bench(args: argparse.Namespace) -> int:
         nodes, rounds, lat_s, faults = args.nodes, args.rounds, args.latency_seconds, args.faults
     logdir = state / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
+    rc = 0
     try:
         run(bootstrap=bootstrap, nodes=nodes, rounds=rounds, net_every=args.network_every, latency_seconds=lat_s,
             faults=faults, two_workers=not args.one_worker, out=Path(args.out), logdir=logdir,
             repeat=1 if args.quick else args.repeat)
+        if not args.no_dashboard:
+            from pipeline.eval import dashboard
+
+            out = Path(args.out).with_name("dashboard.json")
+            print(f"dashboard: {nodes:,} nodes in Chromium, frame times idle and under live updates "
+                  f"(skip with --no-dashboard)", file=sys.stderr)
+            try:
+                dashboard.run(bootstrap=bootstrap, nodes=nodes, logdir=logdir, out=out,
+                              runs=1 if args.quick else args.repeat, seconds=2.0 if args.quick else 5.0,
+                              say=lambda *a: print(*a, file=sys.stderr, flush=True))
+                print(f"results: {out}", file=sys.stderr)
+            except dashboard.BrowserMissing as exc:
+                print(f"fleetmedic bench: the dashboard needs headless Chromium: {exc}\n"
+                      "run again with --no-dashboard to leave it out", file=sys.stderr)
+                rc = 1
     finally:
         if started and not args.keep_running:
             _kafka("stop", env)
-    return 0
+    return rc
 
 
 def cmd_bench_burst(args: argparse.Namespace) -> int:
@@ -739,6 +755,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="JSON output path (default bench/results/throughput.json in a checkout, "
                          "else ./fleetmedic-results/throughput.json)")
     sp.add_argument("--keep-running", action="store_true", help="leave the broker running afterwards")
+    sp.add_argument("--no-dashboard", action="store_true",
+                    help="leave out the dashboard's frame times (a worker with the whole fleet, measured in headless "
+                         "Chromium; written to dashboard.json beside --out)")
     sp.set_defaults(func=cmd_bench, result="throughput.json")
 
     sp = sub.add_parser(

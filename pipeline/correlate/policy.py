@@ -110,7 +110,11 @@ def _verdict(
 
 
 def _anomaly_brief(a: Anomaly) -> list[Any]:
-    return [a.ts, a.kind, a.fault_class.value, a.severity.value, a.id, a.gpu, round(float(a.score), 4)]
+    """What the node keeps of an anomaly: ts, kind, class, severity, id, GPU, score, and
+    the Xid code of an Xid event (None otherwise)."""
+    xid = a.evidence.get("xid") if a.kind == "xid" else None
+    return [a.ts, a.kind, a.fault_class.value, a.severity.value, a.id, a.gpu, round(float(a.score), 4),
+            int(xid) if isinstance(xid, int | float) else None]
 
 
 def _kept_failures(h: NodeHealth) -> list[tuple[float, str, tuple[float, bool, int]]]:

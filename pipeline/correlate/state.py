@@ -82,7 +82,7 @@ class NodeHealth(TypedDict):
     jobs: dict[str, float]
     #: jobs that left it, newest last: [job, placed, released]
     left: list[list[Any]]
-    #: recent findings: [ts, kind, fault class, severity, anomaly id]
+    #: recent findings: [ts, kind, fault class, severity, anomaly id, GPU, score, Xid code or None]
     anomalies: list[list[Any]]
     #: failed jobs with nodes to blame: [ts, job, [share, origin, attempt]]
     failed_jobs: list[list[Any]]

@@ -851,6 +851,15 @@ class NetworkDetection(_FleetRows):
     """Fast rules (link down, link flap) and a symbol-error rate test per port, vectorised
     over nodes with the same number of ports, in rounds as :class:`GpuDetection`."""
 
+    def node_switches(self) -> dict[str, tuple[str, ...]]:
+        """Each node's switches, by port, as its last sample wired them (for the dashboard)."""
+        out: dict[str, tuple[str, ...]] = {}
+        for f in self.fleets.values():
+            for name, sws in zip(f.names, f.switches):
+                if name is not None:
+                    out[name] = sws
+        return out
+
     def __init__(self, cfg: DetectorSettings, *, capacity: int = 64, net: NetworkSettings | None = None,
                  seed: int = 0) -> None:
         self.cfg = cfg

@@ -106,7 +106,7 @@ def _operator_api(w: Wiring, auth: Any, gate: GateConfig) -> Any:
         dry_run_origin=control_state.dry_run_origin,
         breaker=lambda: {"used": w.breaker.used(time.time()), "budget": w.breaker.budget(w.fleet_size()),
                          "window_s": w.breaker.window_s},
-        human_hours=_manual_hours(),
+        human_hours=_manual_hours(), node_switches=w.net_detection.node_switches,
     )
     gate.api_routes |= set(api_mod.install(w.app, ctx))
     return ctx

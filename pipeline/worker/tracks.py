@@ -63,6 +63,8 @@ def install(w: Wiring) -> tuple[Any, ...]:
                 try:
                     t0 = time.perf_counter()
                     found = peer_detection.process(rec)
+                    if w.api is not None and w.api.history.watched:
+                        w.api.history.record_steps(rec.job, rec.ts, rec.node_step_times)
                     metrics.detect_seconds.labels("peer").observe(time.perf_counter() - t0)
                     metrics.lag.labels(job_topic).set(time.time() - rec.ts)
                 except Exception as exc:  # a detector bug must not stop the job track

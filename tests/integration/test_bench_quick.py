@@ -41,6 +41,12 @@ def test_quick_bench_measures_every_figure(kafka_bootstrap, tmp_path):
         assert r[f"{k}_min"] <= r[k] <= r[f"{k}_max"], k
     assert r["machine"]["cores"] >= 1
     assert "fleetmedic, 1 worker" in res.stdout and "ratio to baseline" in res.stdout
+    # the dashboard's frame times, beside it: the whole quick fleet drawn and updated in Chromium
+    d = json.loads((tmp_path / "dashboard.json").read_text())
+    assert d["nodes"] == r["nodes"] and d["runs"] == 1
+    for k in ("load_ms", "frame_p95_ms", "idle_frame_p95_ms", "stall_ratio"):
+        assert d[k] is not None and d[f"{k}_min"] <= d[k] <= d[f"{k}_max"], k
+    assert "stall ratio" in res.stderr
 
 
 def test_quick_burst_bench_isolates_every_node_on_the_real_api_server(tmp_path):

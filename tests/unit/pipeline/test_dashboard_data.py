@@ -66,3 +66,22 @@ def test_fleet_counts_say_what_is_out_and_why() -> None:
     assert got["total"] == 5 and got["out"] == 3
     assert got["out_by_class"] == {"gpu_hardware": 2, "unknown": 1}
     assert got["by_state"]["suspect"] == 1
+    # an isolation the breaker held for a person leaves its node in service
+    held = fleet_counts([{"node": "a", "state": "isolated", "fault_class": "gpu_hardware"},
+                         {"node": "b", "state": "isolated", "fault_class": "nvlink"}], held=["b"])
+    assert held["out"] == 1 and held["out_by_class"] == {"gpu_hardware": 1} and held["held_in_service"] == 1
+
+
+def test_a_watched_nodes_step_time_is_kept_beside_its_peers_of_the_same_event() -> None:
+    h = GpuHistory(keep=3, max_nodes=8, clock=lambda: 0.0)
+    steps = {"n1": 1.0, "n2": 1.1, "n3": 0.9, "slow": 2.5}
+    assert h.record_steps("j", 10.0, steps) == 0  # nobody watched
+    h.watch("slow")
+    for k in range(4):
+        assert h.record_steps("j", 10.0 + k, {**steps, "slow": 2.5 + k}) == 1
+    assert h.record_steps("j", 20.0, {"slow": 3.0}) == 0  # no peers to compare with
+    got = h.of("slow")["steps"]
+    assert got["ts"] == [11.0, 12.0, 13.0] and got["node"] == [3.5, 4.5, 5.5]  # the last keep
+    assert got["peer_median"] == [1.0] * 3 and got["peer_min"] == [0.9] * 3 and got["peer_max"] == [1.1] * 3
+    assert got["job"] == ["j"] * 3
+    assert h.of("n1")["steps"]["ts"] == []
