@@ -98,6 +98,8 @@ class GateConfig:
     metrics_public: bool = False
     api_routes: set[str] = field(default_factory=set)
     csp: str = field(default_factory=content_security_policy)
+    #: the largest request body a change may carry (the API's bodies are a few bytes)
+    max_body: int = 16384
 
     @classmethod
     def for_worker(cls, auth: Any, *, web_host: str, web_bind: str, extra_hosts: Iterable[str] = (),
@@ -128,6 +130,14 @@ def check(cfg: GateConfig, method: str, path: str, route: str | None, headers: A
     if not cfg.host_allowed(headers.get("Host")):
         return Refusal(421, f"Host {headers.get('Host')!r} is not this worker (worker.allowed_hosts)"), None
     if method in WRITES:
+        length = headers.get("Content-Length")
+        if length is not None:
+            try:
+                size = int(length)
+            except ValueError:
+                return Refusal(400, f"Content-Length {length!r} is not a number"), None
+            if size > cfg.max_body:
+                return Refusal(413, f"request body of {size} bytes is over the limit of {cfg.max_body} bytes"), None
         ctype = (headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if ctype != "application/json":
             return Refusal(415, "changes need Content-Type: application/json"), None
@@ -165,6 +175,15 @@ def make_gate(cfg: GateConfig) -> Callable[..., Awaitable[web.StreamResponse]]:
                 await authorize(cfg.auth, request.headers.get("Authorization"), role)  # type: ignore[arg-type]
             except AuthError as exc:
                 refusal = Refusal(exc.status, exc.reason)
+        if refusal is None and request.method in WRITES and request.content_length is None and request.body_exists:
+            # a body without a length (chunked): read it here, bounded, so a view never
+            # holds more than max_body (aiohttp keeps it for the view's request.json())
+            try:
+                size = len(await request.read())
+            except web.HTTPRequestEntityTooLarge:
+                size = cfg.max_body + 1
+            if size > cfg.max_body:
+                refusal = Refusal(413, f"request body over the limit of {cfg.max_body} bytes")
         if refusal is not None:
             resp: web.StreamResponse = web.json_response({"error": refusal.reason}, status=refusal.status)
             if refusal.status == 401:

@@ -81,6 +81,9 @@ class ApiContext:
     gpus_per_node: int = 8
     #: each node's switches by port, from its fabric telemetry
     node_switches: Callable[[], dict[str, tuple[str, ...]]] | None = None
+    #: whether this worker holds every partition of the node track (then a node missing
+    #: from its table is unknown to fleetmedic; with several workers another may own it)
+    owns_every_node: Callable[[], bool] = lambda: True
 
     def publish(self, kind: str, doc: dict[str, Any]) -> None:
         """Hand an event to every open stream; a stream too slow to keep up is closed
@@ -146,6 +149,58 @@ def operator_verdict(subject: str, actions: list[tuple[ActionName, str, dict[str
 #: path parameters, by the same rules as the records: a node is a schema NodeName (one
 #: node, not a hostlist), a held isolation's key is an idempotency key
 _PARAMS = {"node": re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$"), "key": re.compile(r"^[A-Za-z0-9._:@/-]{1,512}$")}
+
+
+class BadBody(ValueError):
+    """A change's body that is not what its route takes (answered 400 with the reason)."""
+
+
+async def read_body(request: Any, allowed: dict[str, type]) -> dict[str, Any]:
+    """A change's JSON body: empty (``{}``) or an object of ``allowed`` fields and types."""
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise BadBody(f"body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadBody(f"body must be a JSON object, not {type(body).__name__}")
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise BadBody(f"unknown field(s) {', '.join(map(repr, unknown))}; this route takes "
+                      f"{', '.join(map(repr, allowed)) or 'no body'}")
+    for k, kind in allowed.items():
+        if k in body and not isinstance(body[k], kind):
+            raise BadBody(f"{k!r} must be {kind.__name__}, not {type(body[k]).__name__}")
+    reason = body.get("reason")
+    if isinstance(reason, str) and not 0 < len(reason) <= 500:
+        raise BadBody("'reason' must be 1 to 500 characters")
+    return body
+
+
+def change_refused(node: str, h: dict[str, Any] | None, known: bool, change: str,
+                   held: dict[str, dict[str, Any]], *, everyone: bool = True) -> tuple[int, str] | None:
+    """Why an operator's ``change`` (``return`` or ``hold``) of ``node`` is not allowed, as
+    (status, reason); None when it is.  ``h``: the node's state record, if any; ``known``:
+    this worker has telemetry of it; ``everyone``: this worker holds every node's state
+    (with several workers, a node it does not hold is another's: its change is not
+    refused here)."""
+    if h is None and not known:
+        if not everyone:
+            return None
+        return 404, f"no node {node!r}: fleetmedic has no telemetry or state for it"
+    state = (h or {}).get("state") or "healthy"
+    waiting = next((k for k, a in held.items() if a.get("target") == node), None)
+    if change == "return" and state == "healthy":
+        return 409, f"node {node!r} is healthy and in service: nothing to return"
+    if change == "hold":
+        if waiting is not None:
+            return 409, (f"node {node!r} waits for a decision on its held isolation: "
+                         f"POST {API}/held/{waiting}/approve (or reject)")
+        if state in ("isolated", "diagnosing", "failed"):
+            return 409, f"node {node!r} is already out of service ({state})"
+    return None
 
 
 def _bad_params(params: dict[str, Any]) -> str | None:
@@ -276,6 +331,9 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
         async def get(self, request: Any, who: Any, node: str) -> Any:
             h = ctx.node_table.get(node)
             if h is None and node in ctx.known:
+                if not ctx.owns_every_node():
+                    # its telemetry came here, its state lives with another worker
+                    return self.json({"error": f"node {node!r} is kept by another worker"}, status=404)
                 h = {"state": "healthy", "anomalies": [], "failed_jobs": []}
             if h is None:
                 return self.json({"error": f"no node {node!r}"}, status=404)
@@ -372,22 +430,45 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
         await ctx.send_verdict(v)
         return v
 
+    async def checked_change(view: faust.web.View, request: Any, node: str, change: str) -> tuple[Any, str | None]:
+        """(a refusal to answer, None) or (None, the operator's reason or None)."""
+        try:
+            body = await read_body(request, {"reason": str})
+        except BadBody as exc:
+            return view.json({"error": str(exc)}, status=400), None
+        refused = change_refused(node, ctx.node_table.get(node), node in ctx.known, change, ctx.held(),
+                                 everyone=ctx.owns_every_node())
+        if refused is not None:
+            return view.json({"error": refused[1]}, status=refused[0]), None
+        return None, body.get("reason")
+
     @page(f"{API}/nodes/{{node}}/return")
     class ReturnNode(faust.web.View):
         @needs("operator")
         async def post(self, request: Any, who: Any, node: str) -> Any:
-            v = await decide(node, [(ActionName.return_, node, {})], who, "return to service", "operator_return")
+            refusal, reason = await checked_change(self, request, node, "return")
+            if refusal is not None:
+                return refusal
+            v = await decide(node, [(ActionName.return_, node, {})], who, reason or "return to service",
+                             "operator_return")
             return self.json({"verdict": v.id, "node": node, "requested": "return"}, status=202)
 
     @page(f"{API}/nodes/{{node}}/hold")
     class HoldNode(faust.web.View):
         @needs("operator")
         async def post(self, request: Any, who: Any, node: str) -> Any:
-            v = await decide(node, [(ActionName.isolate, node, {"reason": "held out by an operator"}),
-                                    (ActionName.drain, node, {})], who, "hold out", "operator_hold")
+            refusal, reason = await checked_change(self, request, node, "hold")
+            if refusal is not None:
+                return refusal
+            v = await decide(node, [(ActionName.isolate, node, {"reason": reason or "held out by an operator"}),
+                                    (ActionName.drain, node, {})], who, reason or "hold out", "operator_hold")
             return self.json({"verdict": v.id, "node": node, "requested": "hold"}, status=202)
 
-    async def resolve(view: faust.web.View, who: Any, key: str, approve: bool) -> Any:
+    async def resolve(view: faust.web.View, request: Any, who: Any, key: str, approve: bool) -> Any:
+        try:
+            await read_body(request, {})
+        except BadBody as exc:
+            return view.json({"error": str(exc)}, status=400)
         a = ctx.held().get(key)
         if a is None:
             return view.json({"error": f"no held isolation {key!r}"}, status=404)
@@ -406,13 +487,13 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
     class Approve(faust.web.View):
         @needs("operator")
         async def post(self, request: Any, who: Any, key: str) -> Any:
-            return await resolve(self, who, key, True)
+            return await resolve(self, request, who, key, True)
 
     @page(f"{API}/held/{{key}}/reject")
     class Reject(faust.web.View):
         @needs("operator")
         async def post(self, request: Any, who: Any, key: str) -> Any:
-            return await resolve(self, who, key, False)
+            return await resolve(self, request, who, key, False)
 
     @page(f"{API}/dry-run")
     class DryRunSwitch(faust.web.View):
@@ -424,12 +505,12 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
         @needs("operator")
         async def put(self, request: Any, who: Any) -> Any:
             try:
-                body = await request.json()
-                enabled = body["enabled"]
-                if not isinstance(enabled, bool):
-                    raise TypeError
-            except Exception:
-                return self.json({"error": 'body must be {"enabled": true|false}'}, status=400)
+                body = await read_body(request, {"enabled": bool})
+                if "enabled" not in body:
+                    raise BadBody("'enabled' is missing")
+            except BadBody as exc:
+                return self.json({"error": f'body must be {{"enabled": true|false}}: {exc}'}, status=400)
+            enabled = body["enabled"]
             why = f"dry-run {'on' if enabled else 'off'}"
             await ctx.set_dry_run(enabled, who.subject, why)
             v = await decide("fleet", [(ActionName.escalate, "fleet", {"reason": why, "alert_only": True,

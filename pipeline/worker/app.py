@@ -87,6 +87,16 @@ def faust_worker(app: faust.App, log_level: str) -> Any:
     return worker
 
 
+def _holds_every_partition(app: faust.App, topic: str, partitions: int) -> bool:
+    """Whether this worker reads every partition of ``topic`` (then its node table holds
+    every node, and a node it does not know is unknown to fleetmedic)."""
+    try:
+        assigned = app.consumer.assignment()
+    except Exception:  # not started yet
+        return False
+    return len({tp.partition for tp in assigned if tp.topic == topic}) >= partitions
+
+
 def _operator_api(w: Wiring, auth: Any, gate: GateConfig) -> Any:
     """The operator API's context (its one view of the worker's state) and its routes."""
     from pipeline.api import views as api_mod
@@ -107,6 +117,7 @@ def _operator_api(w: Wiring, auth: Any, gate: GateConfig) -> Any:
         breaker=lambda: {"used": w.breaker.used(time.time()), "budget": w.breaker.budget(w.fleet_size()),
                          "window_s": w.breaker.window_s},
         human_hours=_manual_hours(), node_switches=w.net_detection.node_switches,
+        owns_every_node=lambda: _holds_every_partition(w.app, w.specs["anomalies"].name, w.s.kafka.partitions),
     )
     gate.api_routes |= set(api_mod.install(w.app, ctx))
     return ctx

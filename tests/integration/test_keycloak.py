@@ -14,7 +14,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from .harness import ClusterAPI, Worker, api_call, collect, wait_for
+from .harness import ClusterAPI, Worker, api_call, collect, gpu_sample, produce, wait_for
 from .keycloak_helpers import Keycloak, script
 
 pytestmark = pytest.mark.integration
@@ -36,6 +36,10 @@ def setup(kafka_bootstrap, keycloak: Keycloak):
         "FLEETMEDIC_AUTH__JWKS_CACHE_S": "30", "FLEETMEDIC_AUTH__DASHBOARD_CLIENT": "fleetmedic-dashboard",
         "FLEETMEDIC_SAFETY__FLEET_SIZE": "40"})
     worker.start()
+    # fleetmedic knows its nodes by their telemetry (an operator may hold only a known node)
+    produce(kafka_bootstrap, [(worker.topic("telemetry.gpu"), n, gpu_sample(n, time.time())) for n in ("kc-1", "kc-2", "kc-3")])
+    tok = keycloak.token(user="vic")
+    assert wait_for(lambda: api_call(worker, "GET", "/api/v1/nodes", tok)[1].get("count", 0) >= 3, timeout=60)
     yield kafka_bootstrap, worker, api
     worker.stop()
     api.close()

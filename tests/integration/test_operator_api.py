@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from .harness import ClusterAPI, JwksServer, Worker, api_call, auth_env, collect, lose_gpus, wait_for
+from .harness import ClusterAPI, JwksServer, Worker, api_call, auth_env, collect, gpu_sample, lose_gpus, produce, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -109,6 +109,9 @@ def test_changes_need_the_operator_role_and_are_actions_records(setup):
     held = _wait(two_held)
     assert held and len(held) == 2, held
     api.add_nodes(["op-9", "op-6"])
+    # fleetmedic knows a node by its telemetry: an operator may hold only a node it knows
+    produce(bootstrap, [(worker.topic("telemetry.gpu"), n, gpu_sample(n, time.time())) for n in ("op-9", "op-6")])
+    _wait(lambda: all(call(worker, "GET", f"/api/v1/nodes/{n}", TOKENS["viewer"])[0] == 200 for n in ("op-9", "op-6")))
     keys = [h["key"] for h in held]
     writes = [("POST", "/api/v1/nodes/op-0/return", None), ("POST", "/api/v1/nodes/op-9/hold", None),
               ("POST", f"/api/v1/held/{keys[0]}/approve", None), ("POST", f"/api/v1/held/{keys[1]}/reject", None),
@@ -185,3 +188,66 @@ def test_the_event_stream_needs_a_viewer_token_in_the_header_or_the_query(setup)
         assert status == 200 and b"event: hello" in first, (name, first)
         status, first = _stream_first_event(worker, TOKENS[name], query=True)
         assert status == 200 and b"event: hello" in first, (name, first)
+
+
+def _raw(worker: Worker, method: str, path: str, data: bytes, ctype: str = "application/json",
+         chunked: bool = False) -> tuple[int, Any]:
+    port = worker.env["FLEETMEDIC_WORKER__WEB_PORT"]
+    body: Any = iter([data[i:i + 4096] for i in range(0, len(data), 4096)]) if chunked else data
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method=method)
+    req.add_header("Content-Type", ctype)
+    req.add_header("Authorization", f"Bearer {TOKENS['operator']}")
+    if chunked:
+        req.add_header("Transfer-Encoding", "chunked")
+    try:
+        with urllib.request.urlopen(req, timeout=15) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def test_bad_input_gets_a_clear_4xx_with_a_reason_and_changes_nothing(setup):
+    bootstrap, worker, api, _ = setup
+    api.add_nodes(["op-5", "op-8"])
+    produce(bootstrap, [(worker.topic("telemetry.gpu"), n, gpu_sample(n, time.time())) for n in ("op-5", "op-8")])
+    assert _wait(lambda: all(call(worker, "GET", f"/api/v1/nodes/{n}", TOKENS["viewer"])[0] == 200 for n in ("op-5", "op-8")))
+    hold = call(worker, "POST", "/api/v1/nodes/op-8/hold", TOKENS["operator"])  # a node out of service
+    assert hold[0] == 202, hold
+    assert _wait(lambda: call(worker, "GET", "/api/v1/nodes/op-8", TOKENS["viewer"])[1]["health"]["state"] == "isolated")
+
+    def snapshot() -> dict[str, Any]:
+        get = lambda path: call(worker, "GET", path, TOKENS["viewer"])[1]  # noqa: E731
+        return {"held": get("/api/v1/held"), "dry_run": get("/api/v1/dry-run")["dry_run"],
+                "op-5": get("/api/v1/nodes/op-5")["health"]["state"], "op-8": get("/api/v1/nodes/op-8")["health"]["state"],
+                "verdicts": len(get("/api/v1/verdicts?limit=5000")["verdicts"]),
+                "actions": len(get("/api/v1/actions?limit=5000")["actions"])}
+
+    time.sleep(2)  # the hold's actions are recorded
+    before = snapshot()
+    bad = [
+        # a malformed body
+        (_raw(worker, "POST", "/api/v1/nodes/op-5/hold", b"{not json"), 400, "body is not JSON"),
+        (_raw(worker, "POST", "/api/v1/nodes/op-5/hold", b'["op-5"]'), 400, "must be a JSON object"),
+        (_raw(worker, "POST", "/api/v1/nodes/op-5/hold", b'{"resaon": "fan"}'), 400, "unknown field(s) 'resaon'"),
+        (_raw(worker, "POST", "/api/v1/nodes/op-5/hold", b'{"reason": 7}'), 400, "'reason' must be str"),
+        (_raw(worker, "POST", "/api/v1/nodes/op-5/hold", b"{}", ctype="text/plain"), 415, "Content-Type: application/json"),
+        (_raw(worker, "PUT", "/api/v1/dry-run", b'{"enabled": "yes"}'), 400, "'enabled' must be bool"),
+        (_raw(worker, "PUT", "/api/v1/dry-run", b'{"enabled": true, "for": "ever"}'), 400, "unknown field(s) 'for'"),
+        (_raw(worker, "PUT", "/api/v1/dry-run", b"{}"), 400, "'enabled' is missing"),
+        (_raw(worker, "POST", "/api/v1/held/x/approve", b'{"why": 1}'), 400, "this route takes no body"),
+        # an unknown node, or held isolation
+        (call(worker, "POST", "/api/v1/nodes/ghost-1/hold", TOKENS["operator"]), 404, "no node 'ghost-1'"),
+        (call(worker, "POST", "/api/v1/nodes/ghost-1/return", TOKENS["operator"]), 404, "no node 'ghost-1'"),
+        (call(worker, "POST", "/api/v1/held/no-such-key/approve", TOKENS["operator"]), 404, "no held isolation"),
+        # a state change that is not allowed
+        (call(worker, "POST", "/api/v1/nodes/op-5/return", TOKENS["operator"]), 409, "healthy and in service"),
+        (call(worker, "POST", "/api/v1/nodes/op-8/hold", TOKENS["operator"]), 409, "already out of service (isolated)"),
+        # an oversized request, with its length and without (chunked)
+        (_raw(worker, "POST", "/api/v1/nodes/op-5/hold", b'{"reason": "' + b"x" * 20000 + b'"}'), 413, "over the limit"),
+        (_raw(worker, "POST", "/api/v1/nodes/op-5/hold", b'{"reason": "' + b"x" * 20000 + b'"}', chunked=True), 413,
+         "over the limit"),
+    ]
+    for (status, body), want, why in bad:
+        assert status == want and why in body["error"], (status, body, want, why)
+    time.sleep(2)  # anything wrongly sent would be carried out and recorded by now
+    assert snapshot() == before
