@@ -337,8 +337,10 @@ def install(app: faust.App, ctx: ApiContext) -> dict[str, set[str]]:
                 h = {"state": "healthy", "anomalies": [], "failed_jobs": []}
             if h is None:
                 return self.json({"error": f"no node {node!r}"}, status=404)
-            verdicts = [v for v in ctx.verdicts if v.get("subject") == node or node in (v.get("nodes") or [])]
-            return self.json({"node": node, "health": h, "verdicts": verdicts[-50:]})
+            verdicts = [v for v in ctx.verdicts if v.get("subject") == node or node in (v.get("nodes") or [])][-50:]
+            ids = {v.get("id") for v in verdicts}
+            actions = [a for a in ctx.actions if a.get("verdict_id") in ids or a.get("target") == node]
+            return self.json({"node": node, "health": h, "verdicts": verdicts, "actions": actions[-100:]})
 
     @page(f"{API}/nodes/{{node}}/gpu")
     class NodeGpu(faust.web.View):

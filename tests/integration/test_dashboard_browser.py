@@ -8,8 +8,8 @@ Screenshots go to a temporary directory, or to $FLEETMEDIC_SCREENSHOTS when set
 
 The scenario, in event time: 96 nodes under four leaf switches report GPU and fabric
 telemetry; job llm-7 runs on eight of them.  An operator has node gpu-0042's page open
-(so its telemetry is recorded) while its GPU 3 warms up and its step time drifts above
-its peers'; then GPU 3 falls off the bus (Xid 79) and the job fails.  Two more nodes
+(so its telemetry is recorded) while its GPU 3 warms up and, at the end, its step time
+rises above its peers'; then GPU 3 falls off the bus (Xid 79) and the job fails.  Two more nodes
 lose a GPU after the breaker's budget (one isolation) is used, so they wait for a person.
 """
 
@@ -104,7 +104,9 @@ def fleet(kafka_bootstrap):
         warm = max(0.0, (k - 15) * 0.6)
         items += [(gpu_t, n, _gpu(n, t, rng, hot=warm if n == bad else 0.0)) for n in nodes]
         steps = {n: round(float(rng.normal(1.0, 0.01)), 4) for n in job_nodes}
-        steps[bad] = round(1.0 + max(0.0, (k - 20) * 0.04), 4)
+        # slower than its peers only in the last half minute: two findings, fewer than the
+        # three that would move work off it before its GPU fails (policy.degrade_confirmations)
+        steps[bad] = round(1.0 + max(0.0, (k - 36) * 0.15), 4)
         items.append((job_t, job, job_event(job, "progress", t + 1, job_nodes, step=k * 10, step_time=max(steps.values()),
                                             node_step_times=steps)))
     produce(kafka_bootstrap, items)
@@ -245,6 +247,9 @@ def test_the_node_page_plots_each_gpu_over_time_with_the_findings_marked(browser
     assert "Xid 79 GPU 3" in temp.find_element("css selector", "figcaption").text
     keys = {f.get_attribute("data-key") for f in browser.find_elements("css selector", "#charts figure")}
     assert {"temp", "power", "util", "ecc_sbe", "ecc_dbe"} <= keys, keys
+    # a counter that never moved is one line of text, not an empty box
+    flat = browser.find_element("css selector", "#charts figure.flat[data-key=ecc_dbe]")
+    assert "0 on every GPU" in flat.text and not flat.find_elements("css selector", "svg")
     # time axis labels: clock times
     ticks = [t.text for t in temp.find_elements("css selector", "svg > text") if ":" in t.text]
     assert len(ticks) == 5, ticks
@@ -259,6 +264,7 @@ def test_the_node_page_plots_each_gpu_over_time_with_the_findings_marked(browser
     assert findings.find_elements("css selector", "g.marker.anomaly")
     evidence = _text(browser, "#nodeverdicts")
     assert "gpu_hardware node" in evidence and "gpu_lost" in evidence and "{" not in evidence
+    assert f"applied: isolate {bad}" in evidence  # what was done, under its verdict
     assert "recording" in _text(browser, "#recording")
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser.set_window_size(1400, 1500)
