@@ -798,7 +798,7 @@ class Cluster:
         exclude = list(params.get("exclude") or [])
         self._restart(j, same_nodes=False, exclude=exclude)
         self.counts["requeues"] += 1
-        return "applied", f"attempt {j.attempt} excluding {exclude} from step {j.checkpoint_step}"
+        return "applied", f"attempt {j.attempt} excluding {', '.join(exclude) or 'no node'} from step {j.checkpoint_step}"
 
 
 # ------------------------------------------------------------------------------ scoring
