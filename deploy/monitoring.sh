@@ -67,10 +67,13 @@ module_dir() {
 build_prometheus() {
     [[ -x "$PROM_DIR/bin/prometheus" && -x "$PROM_DIR/bin/promtool" ]] && return 0
     local start=$SECONDS tmp="$PROM_DIR.tmp" m=github.com/prometheus/prometheus
-    log "building prometheus and promtool $PROMETHEUS_VERSION from the Go module proxy (once; 10-20 min on 2 cores) ..."
+    log "building prometheus and promtool $PROMETHEUS_VERSION from the Go module proxy (once; 5-10 min on 2 cores) ..."
     rm -rf "$tmp"
     mkdir -p "$tmp/bin"
-    (cd "$BUILD_ROOT" && GOBIN="$tmp/bin" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" \
+    # remove_all_sd: upstream's build tag that leaves out the cloud service discoveries
+    # (AWS, Azure, GCE, Kubernetes, ... and their SDKs); static, file and HTTP discovery
+    # stay, and deploy/prometheus/ uses file_sd_configs
+    (cd "$BUILD_ROOT" && GOBIN="$tmp/bin" CGO_ENABLED=0 go install -trimpath -tags remove_all_sd -ldflags "-s -w" \
         "$m/cmd/prometheus@$PROMETHEUS_VERSION" "$m/cmd/promtool@$PROMETHEUS_VERSION") ||
         die "go install of prometheus $PROMETHEUS_VERSION failed"
     rm -rf "$PROM_DIR"

@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export FLEETMEDIC_STATE=${FLEETMEDIC_TEST_STATE:-${TMPDIR:-/tmp}/fleetmedic-test-$$}
 # shellcheck disable=SC2317  # called by the EXIT trap
+BUILDS_PID=
 cleanup() {
+  [ -n "$BUILDS_PID" ] && kill -- "-$BUILDS_PID" >/dev/null 2>&1 || true
   bash deploy/k8s.sh stop >/dev/null 2>&1 || true
   bash deploy/slurm.sh stop >/dev/null 2>&1 || true
   bash deploy/kafka.sh stop >/dev/null 2>&1 || true
@@ -16,6 +18,17 @@ cleanup() {
   rm -rf "$FLEETMEDIC_STATE"
 }
 trap cleanup EXIT
+mkdir -p "$FLEETMEDIC_STATE"
+# What only the later tests need is built (or fetched) beside the checks and the control
+# plane's build, each once and cached outside the checkout: on a cold machine the Go
+# builds overlap their downloads and single-threaded links, and nothing waits for them
+# until the tests start.
+echo "== building Prometheus, promtool, Alertmanager and Helm v4 in the background (from the Go module proxy"
+echo "   on first use, cached in ~/.cache/fleetmedic; log: $FLEETMEDIC_STATE/builds.log)"
+# a process group of its own, so that an early exit stops the builds with it
+setsid bash -c 'bash deploy/monitoring.sh build && bash deploy/helm.sh build' \
+  >"$FLEETMEDIC_STATE/builds.log" 2>&1 </dev/null &
+BUILDS_PID=$!
 echo "== layer contracts"
 .venv/bin/lint-imports
 echo "== types (mypy --strict: detectors, schemas, actuators, pipeline/correlate, pipeline/actuate)"
@@ -35,17 +48,22 @@ FLEETMEDIC_KUBECONFIG=$(FLEETMEDIC_K8S_ADDONS=${FLEETMEDIC_K8S_ADDONS-kueue,trai
   bash deploy/k8s.sh start | tail -n1 | sed 's/^KUBECONFIG=//')
 export FLEETMEDIC_KUBECONFIG
 echo "Kubernetes admin kubeconfig $FLEETMEDIC_KUBECONFIG"
-echo "== Prometheus, promtool and Alertmanager (built from the Go module proxy on first use and cached in"
-echo "   ~/.cache/fleetmedic/monitoring; the tests start them)"
-bash deploy/monitoring.sh build
 echo "== Keycloak (the distribution from Maven Central on first use, cached in ~/.cache/fleetmedic/keycloak;"
 echo "   the tests start it in dev mode with the realm of deploy/keycloak/realm.json)"
 bash deploy/keycloak.sh fetch
-echo "== Helm v4 (built from the Go module proxy on first use and cached in ~/.cache/fleetmedic/helm)"
-bash deploy/helm.sh build
+echo "== waiting for the background builds (Prometheus, Alertmanager, Helm; the tests start Prometheus and"
+echo "   Alertmanager themselves)"
+if ! wait "$BUILDS_PID"; then
+  BUILDS_PID=
+  tail -n 60 "$FLEETMEDIC_STATE/builds.log" >&2
+  echo "a background build failed (its log is above)" >&2
+  exit 1
+fi
+BUILDS_PID=
+grep -E '^(monitoring|helm)\.sh: built' "$FLEETMEDIC_STATE/builds.log" || true
 echo "== tests"
 set +e
-"$PY" -m pytest tests -q -p no:cacheprovider "$@"
+"$PY" -m pytest tests -q -p no:cacheprovider --durations=20 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.integration.harness import ClusterAPI, JwksServer, Worker, auth_env, collect
+from tests.integration.harness import ClusterAPI, JwksServer, Worker, auth_env, collect, gpu_sample, produce, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -83,6 +83,13 @@ def workers(kafka_bootstrap):
     off = Worker(kafka_bootstrap, sim_url=api.url, env={})
     on.start()
     off.start()
+    # fleetmedic knows a node by its telemetry: an operator may hold only a node it knows
+    api.add_nodes(["sec-0", "sec-1"])
+    produce(kafka_bootstrap, [(w.topic("telemetry.gpu"), n, gpu_sample(n, time.time()))
+                              for w in (on, off) for n in ("sec-0", "sec-1")])
+    viewer = token(["viewer"])
+    for w in (on, off):
+        assert wait_for(lambda w=w: request(_port(w), "GET", "/api/v1/nodes/sec-0", tok=viewer)[0] == 200, timeout=60)
     yield {"on": on, "off": off}
     on.stop()
     off.stop()
