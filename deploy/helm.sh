@@ -13,6 +13,8 @@ HELM="$HELM_DIR/bin/helm"
 
 log() { printf 'helm.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+# shellcheck source=deploy/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
     cat <<EOF2
@@ -38,9 +40,7 @@ EOF2
 build() {
     [[ -x "$HELM" ]] && return 0
     command -v go >/dev/null || die "go is needed to build Helm"
-    mkdir -p "$BUILD_ROOT"
-    exec 7>"$BUILD_ROOT/.build.lock"
-    command -v flock >/dev/null && { flock -w 3600 7 || die "build lock held for an hour"; }
+    cache_lock "$BUILD_ROOT" build 3600
     [[ -x "$HELM" ]] && return 0
     local start=$SECONDS tmp="$HELM_DIR.tmp"
     log "building helm $HELM_VERSION from the Go module proxy (once; minutes on 2 cores) ..."

@@ -84,9 +84,7 @@ fetch() {
     [[ -x "$KC_HOME/bin/kc.sh" ]] && return 0
     command -v "$MVN" >/dev/null || die "mvn not found (needed to fetch Keycloak from Maven Central)"
     command -v unzip >/dev/null || die "unzip not found"
-    mkdir -p "$KC_ROOT"
-    exec 7>"$KC_ROOT/.fetch.lock"
-    command -v flock >/dev/null && { flock -w 900 7 || die "fetch lock held for 15 minutes"; }
+    cache_lock "$KC_ROOT" fetch 900
     [[ -x "$KC_HOME/bin/kc.sh" ]] && return 0
     local start=$SECONDS tmp="$KC_ROOT/.fetch.$$"
     rm -rf "$tmp"

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared by deploy/kafka.sh, deploy/slurm.sh and deploy/k8s.sh (sourced; expects log,
+# Shared by the service scripts of deploy/ (sourced; expects log,
 # die and STATE_DIR; terminate reads STOP_TIMEOUT, default 30 s).
 
 # hold the state directory's lock (fd 9) so two starts/stops never race
@@ -8,6 +8,16 @@ take_lock() {
     if command -v flock >/dev/null; then
         exec 9>"$STATE_DIR/.lock"
         flock -w 180 9 || die "could not lock $STATE_DIR/.lock within 180 s"
+    fi
+}
+
+# hold a cache directory's lock (fd 7) so two builds or fetches into it never race:
+# cache_lock DIR NAME SECONDS
+cache_lock() {
+    mkdir -p "$1"
+    exec 7>"$1/.$2.lock"
+    if command -v flock >/dev/null; then
+        flock -w "$3" 7 || die "$1/.$2.lock held for $3 s"
     fi
 }
 

@@ -106,9 +106,7 @@ build_alertmanager() {
 
 build() {
     command -v go >/dev/null || die "go is needed to build Prometheus and Alertmanager"
-    mkdir -p "$BUILD_ROOT"
-    exec 7>"$BUILD_ROOT/.build.lock"
-    command -v flock >/dev/null && { flock -w 3600 7 || die "build lock held for an hour"; }
+    cache_lock "$BUILD_ROOT" build 3600
     build_alertmanager
     build_prometheus
     exec 7>&-
