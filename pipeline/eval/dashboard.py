@@ -36,6 +36,7 @@ import numpy as np
 
 from pipeline import paths
 from pipeline.config import load_settings
+from pipeline.eval.bench import FleetLoad, machine, produce_all, spread
 from pipeline.worker.procs import WorkerProcess, wait_ready
 from pipeline.worker.topics import ensure_topics
 
@@ -76,13 +77,6 @@ def browser(width: int = 1400, height: int = 900) -> Iterator[Any]:
         yield b
     finally:
         b.quit()
-
-
-def _spread(name: str, values: list[float]) -> dict[str, float | None]:
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return {name: None, f"{name}_min": None, f"{name}_max": None}
-    return {name: float(np.median(vals)), f"{name}_min": float(min(vals)), f"{name}_max": float(max(vals))}
 
 
 #: the page's own update path driven at ``rate`` node events per second for ``seconds``,
@@ -152,12 +146,12 @@ def measure_page(driver: Any, url: str, *, expect_nodes: int, seconds: float = 5
             f"p99 {f['p99_ms']:.1f} max {f['max_ms']:.1f} ms ({f['over_50ms']} frames over 50 ms of {f['frames']})")
     return {
         "nodes": expect_nodes, "switch_blocks": blocks, "runs": runs, "seconds_per_phase": seconds,
-        **_spread("load_ms", loads), **_spread("relayout_ms", relayouts),
-        **_spread("idle_frame_p95_ms", idle_p95), **_spread("idle_frames_over_50ms", idle_long),
-        **_spread("node_events_per_s", applied),
-        **_spread("frame_p50_ms", p50), **_spread("frame_p95_ms", p95), **_spread("frame_p99_ms", p99),
-        **_spread("frame_max_ms", worst), **_spread("frames_over_50ms", long_frames),
-        **_spread("stall_ratio", ratios),
+        **spread("load_ms", loads), **spread("relayout_ms", relayouts),
+        **spread("idle_frame_p95_ms", idle_p95), **spread("idle_frames_over_50ms", idle_long),
+        **spread("node_events_per_s", applied),
+        **spread("frame_p50_ms", p50), **spread("frame_p95_ms", p95), **spread("frame_p99_ms", p99),
+        **spread("frame_max_ms", worst), **spread("frames_over_50ms", long_frames),
+        **spread("stall_ratio", [r for r in ratios if r is not None]),
     }
 
 
@@ -169,8 +163,6 @@ def _get(port: int, path: str) -> Any:
 def run(*, bootstrap: str, nodes: int, logdir: Path, out: Path | None, runs: int = 3, seconds: float = 5.0,
         rate: int = 2000, say: Callable[..., None] = print, shot: Path | None = None) -> dict[str, Any]:
     """A worker told of ``nodes`` nodes, and its dashboard measured in Chromium."""
-    from pipeline.eval.bench import FleetLoad, produce_all, machine
-
     prefix = f"dash{uuid.uuid4().hex[:6]}."
     env = {**os.environ, "FLEETMEDIC_KAFKA__BOOTSTRAP": bootstrap, "FLEETMEDIC_KAFKA__TOPIC_PREFIX": prefix,
            "FLEETMEDIC_ACTUATORS__BACKEND": "dryrun", "FLEETMEDIC_SAFETY__FLEET_SIZE": str(nodes),

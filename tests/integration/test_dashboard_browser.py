@@ -114,7 +114,9 @@ def fleet(kafka_bootstrap):
     lost[3] = True
     t_fail = t0 + 40 * STEP
     produce(kafka_bootstrap, [
-        (gpu_t, bad, _gpu(bad, t_fail, rng, lost=lost, xids=[(3, 79)])),
+        # the driver's own words for it, from a real dmesg line (gpud's sxid README, kept in
+        # tests/fixtures/kernel-log/formats.md)
+        (gpu_t, bad, _gpu(bad, t_fail, rng, lost=lost, xids=[(3, 79, "GPU has fallen off the bus.")])),
         (job_t, job, job_event(job, "failed", t_fail + 0.5, job_nodes, exit_code=1,
                                reason="CUDA error: unspecified launch failure",
                                log_tail="RuntimeError: CUDA error: unspecified launch failure")),
@@ -154,7 +156,6 @@ def _set(browser, element_id: str, value: str) -> None:
 
 
 def _listed(browser) -> list[str]:
-    _wait(lambda: True, timeout=0.1)
     time.sleep(0.8)  # the list is redrawn at most every 0.5 s
     return [li.get_attribute("data-node") for li in browser.find_elements("css selector", "#nodelist li")]
 
