@@ -340,8 +340,10 @@ def test_a_batch_job_receives_usr1_and_its_ack_leads_to_the_move_and_the_drain(f
                        and any(v["subject"] == node and v["actions"][0]["action"] == "drain" for v in rs), 60)
     move = next(v for v in verdicts if v["subject"] == job and v["actions"][0]["action"] == "requeue")
     assert move["evidence"]["reason"] == "checkpoint reached" and move["actions"][0]["params"]["exclude"] == [node]
-    drain = next(v for v in verdicts if v["subject"] == node and v["actions"][0]["action"] == "drain")
-    assert drain["ts"] >= move["ts"] >= ack["ts"]
+    drains = [v for v in verdicts if v["subject"] == node and v["actions"][0]["action"] == "drain"]
+    seen = [(v["subject"], [a["action"] for a in v["actions"]], v["evidence"].get("rule")) for v in verdicts]
+    assert drains, f"no drain of {node} after the move; verdicts: {seen}\n{worker.log_tail(80)}"
+    assert drains[0]["ts"] >= move["ts"] >= ack["ts"]
     new_nodes = wait_for("the job to run again elsewhere",
                          lambda: slurm_job(conf, jid).get("Restarts") == "1" and running_nodes(conf, jid), 60)
     assert node not in new_nodes
