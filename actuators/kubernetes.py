@@ -53,6 +53,7 @@ import json
 import logging
 import os
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -90,12 +91,15 @@ from kubernetes.client.exceptions import ApiException, ApiTypeError, ApiValueErr
 from schemas import ActionName, Outcome
 
 from . import k8s_workloads as wk
+from .k8s_nodes import NodeCache
 from .base import ActionRequest, ActionResult, ActuatorError, PermanentError, TemporaryError, Waiting
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: what fleetmedic's node annotations begin with (the node cache keeps these alone)
+ANNOTATION_PREFIX = "fleetmedic."
 #: annotation: id of the verdict that isolated the node
 ANNOTATION_VERDICT = "fleetmedic.dev/verdict"
 #: annotation: "true" when fleetmedic (not a human) set ``spec.unschedulable``
@@ -111,6 +115,10 @@ ANNOTATION_REQUEUE = "fleetmedic.io/requeue"
 CONTROLLER_POLL_S = 1.0
 #: node condition type set while a node is quarantined
 CONDITION_QUARANTINE = "FleetmedicQuarantine"
+#: how long an isolation's Event waits for the burst it came in to end, at most (seconds)
+EVENT_DEFER_MAX_S = 30.0
+#: how long closing the backend waits for the Events of a burst still on their way (seconds)
+EVENT_CLOSE_WAIT_S = 10.0
 
 #: labels on the diagnostics Job (ownership check)
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -393,6 +401,8 @@ class KubernetesBackend:
         drain_timeout_s: float = 600.0,
         max_requests: int = 32,
         custom: CustomObjectsApi | None = None,
+        node_cache: NodeCache | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {max_requests}")
@@ -430,6 +440,13 @@ class KubernetesBackend:
         #: two cores, which capped a burst of isolations far below what the server takes)
         self.max_requests = max_requests
         self._executor = ThreadPoolExecutor(max_workers=max_requests, thread_name_prefix="kube-api")
+        #: Nodes as a watch last saw them (None: every isolation reads its node first)
+        self.node_cache = node_cache
+        self._monotonic = monotonic
+        #: isolations in flight, and the Events held back until none is (when queued, what sends each)
+        self._isolating = 0
+        self._deferred_events: list[tuple[float, Callable[[], Awaitable[None]]]] = []
+        self._event_tasks: set[asyncio.Future[None]] = set()
 
     @property
     def custom(self) -> CustomObjectsApi:
@@ -449,6 +466,7 @@ class KubernetesBackend:
         backoff_factor: float = 0.5,
         impersonate: str | None = None,
         max_requests: int = 32,
+        node_cache: bool = False,
         **options: Any,
     ) -> KubernetesBackend:
         """Build a backend from a kubeconfig file or, inside a pod, the service account.
@@ -477,7 +495,12 @@ class KubernetesBackend:
         api = kubernetes.client.ApiClient(config)
         if impersonate:
             api.set_default_header("Impersonate-User", impersonate)
-        backend = cls(kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api), max_requests=max_requests,
+        core = kubernetes.client.CoreV1Api(api)
+        cache = None
+        if node_cache:
+            cache = NodeCache(core.list_node, conditions=(CONDITION_QUARANTINE,),
+                              annotation_prefix=ANNOTATION_PREFIX).start()
+        backend = cls(core, kubernetes.client.BatchV1Api(api), max_requests=max_requests, node_cache=cache,
                       **options)
         backend._owned_client = api
         return backend
@@ -494,6 +517,11 @@ class KubernetesBackend:
         return await handler(self, request)
 
     async def close(self) -> None:
+        self._send_deferred_events(force=True)
+        if self._event_tasks:  # the Events of a burst still on their way
+            await asyncio.wait(set(self._event_tasks), timeout=EVENT_CLOSE_WAIT_S)
+        if self.node_cache is not None:
+            self.node_cache.stop()
         if self._owned_client is not None:
             client, self._owned_client = self._owned_client, None
             await asyncio.to_thread(client.close)
@@ -659,8 +687,54 @@ class KubernetesBackend:
         is ``True``.  Otherwise adds what is missing: one conditional patch (taint list
         re-sent whole, foreign taints preserved; ``fleetmedic.dev/cordoned`` only when
         it was not cordoned before), then the condition, then an Event.
+
+        With a node cache (:mod:`actuators.k8s_nodes`) the first observation is the
+        cached node: the conditional patch fails (409) if the cache lagged, and the node
+        is then read from the server; "already so" is never concluded from the cache.
+        While other isolations are in flight (a burst), the Event waits until none is,
+        so that containment has the API server first (decision 0032).
         """
-        return await self._reread_on_conflict(self._isolate_once, request)
+        self._isolating += 1
+        fresh = False
+
+        async def once(r: ActionRequest) -> ActionResult:
+            nonlocal fresh
+            try:
+                return await self._isolate_once(r, fresh=fresh)
+            finally:
+                fresh = True  # a conflict means the cache lagged: the next look is at the server
+
+        try:
+            return await self._reread_on_conflict(once, request)
+        finally:
+            self._isolating -= 1
+            self._send_deferred_events()
+
+    async def _observe_node(self, name: str, *, fresh: bool) -> tuple[V1Node, bool]:
+        """The node from the cache (unless ``fresh``, or not cached), else from the server;
+        and whether it came from the cache."""
+        if not fresh and self.node_cache is not None:
+            cached = self.node_cache.get(name)
+            if cached is not None:
+                return cached, True
+        return await self._read_node(name), False
+
+    def _send_deferred_events(self, *, force: bool = False) -> None:
+        """Send the Events held back during a burst once no isolation is in flight (or
+        when the oldest has waited :data:`EVENT_DEFER_MAX_S`), in the background."""
+        if not self._deferred_events:
+            return
+        oldest = self._deferred_events[0][0]
+        if not force and self._isolating > 0 and self._monotonic() - oldest < EVENT_DEFER_MAX_S:
+            return
+        batch, self._deferred_events = [send for _, send in self._deferred_events], []
+
+        async def send_all() -> None:
+            await asyncio.gather(*(send() for send in batch))
+
+        task = asyncio.ensure_future(send_all())
+        self._event_tasks.add(task)
+        task.add_done_callback(self._event_tasks.discard)
 
     async def _reread_on_conflict(self, once: Callable[[ActionRequest], Awaitable[ActionResult]],
                                   request: ActionRequest) -> ActionResult:
@@ -676,10 +750,13 @@ class KubernetesBackend:
                           request.action.value, request.target)
         raise AssertionError("unreachable")
 
-    async def _isolate_once(self, request: ActionRequest) -> ActionResult:
+    async def _isolate_once(self, request: ActionRequest, *, fresh: bool = True) -> ActionResult:
         name = request.target
-        view = self._view(await self._read_node(name))
+        node, cached = await self._observe_node(name, fresh=fresh)
+        view = self._view(node)
         if view.ours and view.cordoned and view.quarantined:
+            if cached:  # the cache says done: the server has the last word
+                return await self._isolate_once(request, fresh=True)
             by = _annotations(view.node).get(ANNOTATION_VERDICT, "?")
             return ActionResult(Outcome.already_so, f"node {name} already cordoned and tainted (verdict {by})")
         done: list[str] = []
@@ -701,9 +778,14 @@ class KubernetesBackend:
             message = f"isolated by fleetmedic, verdict {request.verdict_id}: {request.reason}"
             await self._set_condition(name, True, "FleetmedicIsolated", message)
             done.append(f"condition {CONDITION_QUARANTINE}=True")
-        await self._node_event(
-            view.node, request, "FleetmedicIsolate", f"verdict {request.verdict_id}: {request.reason or 'isolate'}"
-        )
+        event = functools.partial(
+            self._node_event, view.node, request, "FleetmedicIsolate",
+            f"verdict {request.verdict_id}: {request.reason or 'isolate'}")
+        if self._isolating > 1:  # others in flight: the Event follows the burst
+            self._deferred_events.append((self._monotonic(), event))
+            done.append("Event after the burst")
+        else:
+            await event()
         return ActionResult(Outcome.applied, f"node {name}: " + ", ".join(done))
 
     async def return_(self, request: ActionRequest) -> ActionResult:

@@ -266,6 +266,8 @@ class ActuatorSettings(_Section):
     kube_taint_key: str = Field("fleetmedic.dev/quarantine", min_length=1, description="key of the quarantine taint")
     kube_max_requests: int = Field(32, ge=1, le=512, description="Kubernetes API calls in flight at once (and "
                                    "connections kept to the API server)")
+    kube_node_cache: bool = Field(True, description="keep the Nodes from a watch (list and watch on nodes), so an "
+                                  "isolation writes without reading its node first (decision 0032)")
     webhook_url: str | None = Field(None, description="alerts (escalations, held isolations) go here")
 
     @field_validator("webhook_url", "sim_url")
@@ -279,6 +281,10 @@ class ActuatorSettings(_Section):
     drain_wait_s: float = Field(1800.0, ge=0, description="a drain refused for now (a PodDisruptionBudget) is "
                                 "tried again for this long (wall seconds) before it is reported failed")
     max_in_flight: int = Field(64, ge=1, le=4096, description="targets acted on at once (each in its own order)")
+    contain_quiet_s: float = Field(
+        1.0, ge=0.0, le=60.0,
+        description="drains, diagnostics and other work less urgent than containment wait until no isolation has "
+                    "run or been due for this long: a burst's isolations go first even when they arrive over seconds")
     drain_mode: Literal["Immediate", "AllowCompletion", "DeleteAfterTimeout"] = Field(
         "Immediate", description="how pods that declare no fleetmedic.dev/drain-mode are drained (Kubernetes)")
     drain_timeout_s: float = Field(600.0, ge=0, description="DeleteAfterTimeout: wall seconds a drain waits before "

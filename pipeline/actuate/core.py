@@ -427,8 +427,16 @@ class ActionRunner:
 
     def __init__(self, actuation: Actuation, report: Report, *, max_in_flight: int = 64,
                  owns: Callable[[int], bool] | None = None, clock: Callable[[], float] = time.time,
-                 durable: Callable[[], Awaitable[None]] | None = None, durable_timeout_s: float = 5.0) -> None:
+                 durable: Callable[[], Awaitable[None]] | None = None, durable_timeout_s: float = 5.0,
+                 contain_quiet_s: float = 0.0) -> None:
         self.actuation, self.report, self.max_in_flight = actuation, report, max_in_flight
+        #: how long after the last isolation ran or was due less urgent work still waits:
+        #: the isolations of a burst arrive over seconds, and drains and diagnostics
+        #: started in the gaps between them would take the backend from containment
+        self.contain_quiet_s = contain_quiet_s
+        #: when an isolation last ran or was due; whether less urgent work is held back now
+        self.contained_at = float("-inf")
+        self.holding = False
         self.owns = owns or (lambda p: True)
         self.clock = clock
         self.durable, self.durable_timeout_s = durable, durable_timeout_s
@@ -483,6 +491,9 @@ class ActionRunner:
             if target not in self.busy and q[0].due <= now and q[0].key not in self.fresh:
                 due.append((rank, q[0].seq, target))
         if containing:
+            self.contained_at = now
+        self.holding = containing or now - self.contained_at < self.contain_quiet_s
+        if self.holding:
             due = [d for d in due if d[0] <= CONTAIN_FIRST]
         for _, _, target in heapq.nsmallest(room, due):
             self.busy.add(target)
@@ -492,7 +503,16 @@ class ActionRunner:
         return min(room, len(due))
 
     def next_due(self) -> float | None:
-        return min((q[0].due for t, q in self.queues.items() if q and t not in self.busy), default=None)
+        """When the next try is due.  Work held back for containment is not counted: a
+        finished isolation wakes the pump, and the end of the quiet window is counted
+        in its place."""
+        heads = [q[0] for t, q in self.queues.items() if q and t not in self.busy]
+        if not self.holding:
+            return min((w.due for w in heads), default=None)
+        due = [w.due for w in heads if urgency(w) <= CONTAIN_FIRST]
+        if len(due) < len(heads) and self.contain_quiet_s > 0:
+            due.append(self.contained_at + self.contain_quiet_s)
+        return min(due, default=None)
 
     async def make_durable(self) -> bool:
         """Await ``durable()`` for the work added so far; False if it failed or timed out

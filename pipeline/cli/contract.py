@@ -194,6 +194,10 @@ CLOCKS: list[tuple[str, str, tuple[str, ...], str]] = [
      "its first try; other targets go on meanwhile (actuators.max_in_flight at once, each in its own order). "
      "A requeue waits so on the training operator (a suspended PyTorchJob's pods to stop) and on Kueue (a "
      "deactivated Workload's job to be suspended), looking again every second"),
+    ("containment first", "wall", ("actuators.contain_quiet_s",),
+     "while an isolation runs or is due, and for this long after, only isolations and the requeues that move "
+     "jobs off failing nodes start; drains, diagnostics, checkpoint requests and returns wait (a burst's "
+     "isolations arrive over seconds: the work between them would take the backend from containment)"),
     ("a pod's drain mode (Kubernetes)", "wall", ("actuators.drain_timeout_s",),
      "DeleteAfterTimeout pods are evicted once the drain has waited this long since its first try (a pod's "
      "fleetmedic.dev/drain-timeout-s overrides it); AllowCompletion pods are never evicted, the drain waits "

@@ -77,7 +77,8 @@ def install(w: Wiring) -> tuple[Any, ...]:
     def runner() -> ActionRunner:
         if state["runner"] is None:
             state["runner"] = ActionRunner(actuation(), report_step, max_in_flight=s.actuators.max_in_flight,
-                                           owns=owns_decisions, durable=app.producer.flush)
+                                           owns=owns_decisions, durable=app.producer.flush,
+                                           contain_quiet_s=s.actuators.contain_quiet_s)
         return state["runner"]
 
     @app.task

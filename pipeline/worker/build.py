@@ -26,6 +26,7 @@ def _backend(name: str, s: Settings):
             namespace=a.kube_diag_namespace, job_namespace=a.kube_job_namespace,
             diag_image=a.kube_diag_image, diag_command=a.kube_diag_command, taint_key=a.kube_taint_key,
             drain_mode=a.drain_mode, drain_timeout_s=a.drain_timeout_s, max_requests=a.kube_max_requests,
+            node_cache=a.kube_node_cache,
         )
     if name == "slurm":
         from actuators.slurm import SlurmBackend

@@ -366,3 +366,37 @@ async def test_an_action_waiting_on_a_controller_is_patient_past_max_attempts_un
     assert end.attempts > act.retry.max_attempts  # not cut off at max_attempts
     if outcome is Outcome.failed:
         assert "pods still to stop" in end.detail
+
+
+async def test_a_bursts_drains_wait_out_the_quiet_window_after_its_last_isolation() -> None:
+    """Isolations that arrive over time: a drain queued between two of them does not start
+    in the gap; it starts once no isolation has run or been due for ``contain_quiet_s``."""
+    backend, clock = GatedBackend(), Clock()
+    backend.gate.set()
+    act, _, reports = _setup(backend, clock)
+    runner = ActionRunner(act, lambda w, got: _append(reports, w, got), clock=clock, contain_quiet_s=2.0)
+    await _plan(act, runner, [("isolate", "node-0001"), ("drain", "node-0001")], "v-1", 1, "node-0001")
+    runner.start_due(clock())
+    await _settle(runner)
+    assert backend.calls == [("isolate", "node-0001")]
+    clock.t += 1.0  # a gap in the burst: the drain is due, the window is not over
+    runner.start_due(clock())
+    await _settle(runner)
+    assert backend.calls == [("isolate", "node-0001")]
+    assert runner.next_due() == 1002.0  # the pump wakes at the window's end, not at once
+    await _plan(act, runner, [("isolate", "node-0002")], "v-2", 2, "node-0002")  # the burst goes on
+    runner.start_due(clock())
+    await _settle(runner)
+    assert backend.calls[-1] == ("isolate", "node-0002")
+    clock.t += 1.5  # 1.5 s after the second isolation: still held
+    runner.start_due(clock())
+    await _settle(runner)
+    assert ("drain", "node-0001") not in backend.calls
+    clock.t += 0.6
+    runner.start_due(clock())
+    await _settle(runner)
+    assert backend.calls[-1] == ("drain", "node-0001")
+
+
+async def _append(reports: list, w: Work, got: ActionRecord | Work) -> None:
+    reports.append((w, got))
