@@ -119,8 +119,8 @@ class NodeWatch:
     Bookmarks move the resource version on; an ``ERROR`` event (410: the version expired)
     or a broken stream lists again, so no change is missed."""
 
-    def __init__(self, kubeconfig: str) -> None:
-        self.core = _clients(kubeconfig, 2)
+    def __init__(self, kubeconfig: str | None = None, *, core: Any = None) -> None:
+        self.core = core if core is not None else _clients(str(kubeconfig), 2)
         self.done: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="node-watch")
