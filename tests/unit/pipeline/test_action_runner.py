@@ -293,17 +293,64 @@ async def test_the_breaker_takes_its_window_from_the_table_after_a_recovery_befo
         assert first.check(node, 40, T0).allowed
         assert w1.keep()
     assert w1.keep() is False  # unchanged: not written again
-    # the changelog's copy, as recovery decodes it in a new worker (a new object, lists)
-    table = {"isolations": [[t, n] for t, n in table["isolations"]]}
+    # the changelog's copy, as recovery decodes it in a new worker (new objects)
+    table = {k: (dict(v) if isinstance(v, dict) else v) for k, v in table.items()}
     second = CircuitBreaker(max_fraction=1.0, max_absolute=3, window_s=3600.0)
     w2 = BreakerWindow(second, table)
     assert w2.sync() is True
     second.release("st-9")  # a settled failure elsewhere: nothing to give back
     w2.keep()
-    assert [n for _, n in table["isolations"]] == ["st-0", "st-1"]
+    assert sorted(k for k in table if k.startswith("isolation:")) == ["isolation:st-0", "isolation:st-1"]
     assert second.check("st-2", 40, T0 + 1).allowed
     assert not second.check("st-3", 40, T0 + 2).allowed  # the cap of 3 holds across the restart
     assert w2.sync() is False  # its own write is not a recovery
+
+
+class CountingTable(dict):
+    """A table that counts the values written (what its changelog would carry)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = 0
+
+    def __setitem__(self, key, value) -> None:
+        self.written += len(value) if isinstance(value, list) else 1
+        super().__setitem__(key, value)
+
+
+async def test_a_burst_writes_each_isolation_once_not_the_whole_window_per_verdict() -> None:
+    from pipeline.worker.actuation import BreakerWindow
+
+    table = CountingTable()
+    breaker = CircuitBreaker(max_fraction=1.0, max_absolute=5000, window_s=3600.0)
+    w = BreakerWindow(breaker, table)
+    for i in range(1000):
+        w.sync()
+        assert breaker.check(f"node-{i:04d}", 10000, T0 + i * 0.001).allowed
+        w.keep()
+    assert table.written == 1001  # an entry each and the marker (the whole window each time: 500,500)
+    breaker.release("node-0007")  # a failed isolation gives its slot back
+    w.keep()
+    assert "isolation:node-0007" not in table and len([k for k in table if k.startswith("isolation:")]) == 999
+    # expiry: an hour later the window is empty, and so are the table's entries
+    assert breaker.used(T0 + 3601.0) == 0
+    w.keep()
+    assert [k for k in table if k.startswith("isolation:")] == []
+
+
+async def test_an_older_workers_whole_window_is_read_once_and_rewritten_as_entries() -> None:
+    from pipeline.worker.actuation import BreakerWindow
+
+    table: dict[str, object] = {"isolations": [[T0, "old-0"], [T0 + 1, "old-1"]]}
+    breaker = CircuitBreaker(max_fraction=1.0, max_absolute=3, window_s=3600.0)
+    w = BreakerWindow(breaker, table)
+    assert w.sync() is True and breaker.used(T0 + 2) == 2
+    assert breaker.check("new-0", 40, T0 + 2).allowed
+    w.keep()
+    assert sorted(k for k in table if k.startswith("isolation:")) == [
+        "isolation:new-0", "isolation:old-0", "isolation:old-1"]
+    assert isinstance(table["isolations"], dict) and w.sync() is False
+    assert not breaker.check("new-1", 40, T0 + 3).allowed  # 3 of 3 used
 
 
 async def test_while_an_isolation_runs_no_drain_or_diagnosis_starts_but_one_waiting_to_retry_holds_none() -> None:
