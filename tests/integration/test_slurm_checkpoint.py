@@ -58,6 +58,7 @@ def fresh_loop(kafka_bootstrap, slurm_conf, tmp_path):
     watcher.wait(10)
     log.close()
     worker.stop()
+    reset_cluster(slurm_conf)  # the node this test drained goes back: the next modules find every node idle
 
 
 def test_a_batch_job_receives_usr1_and_its_ack_leads_to_the_move_and_the_drain(fresh_loop, monkeypatch):
