@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -70,12 +71,17 @@ class NodeCache:
     """Nodes by name, kept current by a list and a watch in a thread of its own.
 
     ``list_fn`` is ``CoreV1Api.list_node`` (called with ``_preload_content=False``: the
-    answer is read as JSON here).  :meth:`apply` is the pure part (an event in, the map
-    changed) and is what the tests drive; :meth:`start` runs the list and the watch."""
+    answer is read as JSON here; bind a label selector to it to keep some nodes only).
+    :meth:`apply` is the pure part (an event in, the map changed) and is what the tests
+    drive; :meth:`start` runs the list and the watch.  ``on_change(node, listed)``, when
+    given, hears every node the list (``listed``) or the watch brings, trimmed, in the
+    cache's thread."""
 
     def __init__(self, list_fn: Callable[..., Any], *, conditions: Collection[str], annotation_prefix: str,
-                 timeout_s: int = 300, max_backoff_s: float = 30.0) -> None:
+                 timeout_s: int = 300, max_backoff_s: float = 30.0,
+                 on_change: Callable[[Trimmed, bool], None] | None = None) -> None:
         self.list_fn = list_fn
+        self.on_change = on_change
         self.conditions = frozenset(conditions)
         self.annotation_prefix = annotation_prefix
         self.timeout_s = timeout_s
@@ -86,6 +92,8 @@ class NodeCache:
         self.synced = threading.Event()
         self.lists = 0
         self.errors = 0
+        #: why the cache listed again, the last few times (an expired version, a broken stream)
+        self.relisted: deque[str] = deque(maxlen=8)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._resp: Any = None
@@ -110,7 +118,9 @@ class NodeCache:
         if kind == "DELETED":
             self.nodes.pop(name, None)
         else:
-            self.nodes[name] = trim(obj, conditions=self.conditions, annotation_prefix=self.annotation_prefix)
+            t = self.nodes[name] = trim(obj, conditions=self.conditions, annotation_prefix=self.annotation_prefix)
+            if self.on_change is not None:
+                self.on_change(t, False)
 
     def replace(self, doc: dict[str, Any]) -> None:
         """A whole list (``NodeList`` JSON): the map becomes what it holds."""
@@ -120,6 +130,9 @@ class NodeCache:
         self.version = str((doc.get("metadata") or {}).get("resourceVersion") or "") or None
         self.lists += 1
         self.synced.set()
+        if self.on_change is not None:
+            for t in self.nodes.values():
+                self.on_change(t, True)
         log.info("node cache: %d nodes listed (resource version %s)", len(self.nodes), self.version)
 
     # ------------------------------------------------------------------ the thread
@@ -130,7 +143,8 @@ class NodeCache:
             self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, join_s: float = 0.0) -> None:
+        """End the watch; wait up to ``join_s`` for its thread."""
         self._stop.set()
         resp = self._resp
         if resp is not None:
@@ -138,6 +152,8 @@ class NodeCache:
                 resp.close()  # ends the blocking read of the watch
             except Exception:  # closing a stream another thread reads may complain; it ends either way
                 pass
+        if join_s and self._thread is not None:
+            self._thread.join(join_s)
 
     def _list(self) -> None:
         resp = self.list_fn(_preload_content=False, _request_timeout=self.timeout_s)
@@ -158,6 +174,7 @@ class NodeCache:
                 if kind == "ERROR":
                     if obj.get("code") == 410:  # the version has expired: list again
                         log.info("node cache: resource version %s is gone; listing again", self.version)
+                        self.relisted.append(f"410: {str(obj.get('message'))[:200]}")
                         self.version = None
                         return
                     raise RuntimeError(f"watch error {obj.get('code')}: {str(obj.get('message'))[:200]}")
@@ -178,6 +195,7 @@ class NodeCache:
                 if self._stop.is_set():
                     return
                 self.errors += 1
+                self.relisted.append(f"{type(exc).__name__}: {str(exc)[:200]}")
                 log.warning("node cache: %s: %s; listing again in %.1fs", type(exc).__name__, str(exc)[:200], backoff)
                 self.version = None
                 self._stop.wait(backoff)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -50,6 +49,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from actuators.k8s_nodes import NodeCache
 from pipeline.config import load_settings
 from pipeline.eval.bench import fault_sample, machine, spread
 from pipeline.worker.procs import K8S_SH, WorkerProcess, deploy_script, kafka_script, wait_ready
@@ -113,80 +113,53 @@ class NodeWatch:
     """A watch on the bench's Nodes: the first wall time each is cordoned, tainted with the
     quarantine taint and has the quarantine condition ``True``.
 
-    The list and the watch are read as raw JSON (``_preload_content=False``, orjson), not
-    as the client's models: building 10,000 ``V1Node`` objects for a list takes seconds of
-    a core, which the observer would take from the worker it measures on a small machine.
-    Bookmarks move the resource version on; an ``ERROR`` event (410: the version expired)
-    or a broken stream lists again, so no change is missed."""
+    It is the worker's own node cache (:class:`actuators.k8s_nodes.NodeCache`) on the
+    bench's label: raw JSON rather than the client's models (building 10,000 ``V1Node``
+    objects for a list takes seconds of a core, which the observer would take from the
+    worker it measures), bookmarks followed, a list again after a 410 or a broken stream,
+    so no change is missed.  A node done when first listed is recorded at the list's
+    start."""
 
     def __init__(self, kubeconfig: str | None = None, *, core: Any = None) -> None:
         self.core = core if core is not None else _clients(str(kubeconfig), 2)
         self.done: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="node-watch")
-        self.errors: list[str] = []
-        self.lists = 0
+        self._listing_since = time.time()
+        self.cache = NodeCache(self._list_node, conditions=(CONDITION,), annotation_prefix="fleetmedic.",
+                               timeout_s=5, on_change=self._saw)
+
+    def _list_node(self, **kw: Any) -> Any:
+        if not kw.get("watch"):
+            self._listing_since = time.time()
+        return self.core.list_node(label_selector=LABEL, **kw)
+
+    @property
+    def errors(self) -> list[str]:
+        """Why the watch listed again (the last few times)."""
+        return list(self.cache.relisted)
+
+    @property
+    def lists(self) -> int:
+        return self.cache.lists
 
     @staticmethod
     def is_done(node: dict[str, Any]) -> bool:
-        """Whether a Node (as the API's JSON) is cordoned, tainted and conditioned."""
-        spec, status = node.get("spec") or {}, node.get("status") or {}
-        tainted = any(t.get("key") == TAINT_KEY for t in spec.get("taints") or [])
+        """Whether a node (as the cache keeps it) is cordoned, tainted and conditioned."""
+        tainted = any(t.get("key") == TAINT_KEY for t in node.get("taints") or [])
         conditioned = any(c.get("type") == CONDITION and c.get("status") == "True"
-                          for c in status.get("conditions") or [])
-        return bool(spec.get("unschedulable")) and tainted and conditioned
+                          for c in node.get("conditions") or [])
+        return bool(node.get("unschedulable")) and tainted and conditioned
 
-    def _relist(self) -> str:
-        """Every bench node as it is now (those done and not yet recorded are recorded now);
-        the list's resource version, to watch from."""
-        now = time.time()
-        resp = self.core.list_node(label_selector=LABEL, _preload_content=False)
-        doc = orjson.loads(resp.data)
-        self.lists += 1
-        for obj in doc.get("items") or []:
-            name = obj["metadata"]["name"]
-            if name not in self.done and self.is_done(obj):
-                self.done[name] = now
-        return str(doc["metadata"]["resourceVersion"])
-
-    def _run(self) -> None:
-        version = ""
-        while not self._stop.is_set():
-            try:
-                if not version:
-                    version = self._relist()
-                resp = self.core.list_node(label_selector=LABEL, watch=True, resource_version=version,
-                                           timeout_seconds=5, allow_watch_bookmarks=True, _preload_content=False)
-                try:
-                    for line in resp:
-                        if not line.strip():
-                            continue
-                        ev = orjson.loads(line)
-                        kind, obj = ev.get("type"), ev.get("object") or {}
-                        if kind == "ERROR":  # the version expired (410): list again
-                            raise RuntimeError(f"watch error: {str(obj.get('message', obj))[:200]}")
-                        meta = obj.get("metadata") or {}
-                        version = str(meta.get("resourceVersion") or version)
-                        name = meta.get("name")
-                        if kind in ("ADDED", "MODIFIED") and name not in self.done and self.is_done(obj):
-                            self.done[name] = time.time()
-                        if self._stop.is_set():
-                            break
-                finally:
-                    resp.release_conn()
-            except Exception as exc:  # an expired version or a broken stream: list again
-                self.errors.append(repr(exc)[:300])
-                version = ""
-                if self._stop.wait(0.2):
-                    break
+    def _saw(self, node: dict[str, Any], listed: bool) -> None:
+        name = node["name"]
+        if name not in self.done and self.is_done(node):
+            self.done[name] = self._listing_since if listed else time.time()
 
     def __enter__(self) -> NodeWatch:
-        self._thread.start()
+        self.cache.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        self.cache.stop(join_s=10)
 
     def wait(self, names: list[str], timeout: float) -> bool:
         end = time.time() + timeout

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from actuators.slurm import parse_oneliner
+from actuators.slurm_text import expand_hostlist
 
 T = TypeVar("T")
 
@@ -67,3 +68,28 @@ def accounting_cluster(state: Path, nodes: int = 2) -> Iterator[str]:
         yield lines[-1].removeprefix("SLURM_CONF=")
     finally:
         script("reset")
+
+
+def running_nodes(conf: str, jid: str) -> list[str] | None:
+    """The nodes job ``jid`` runs on, or None while it is not running."""
+    info = job(conf, jid)
+    return expand_hostlist(info["NodeList"]) if info.get("JobState") == "RUNNING" else None
+
+
+def reset_cluster(conf: str, *, no_job_left: bool = False) -> None:
+    """No jobs, every node in service, no fleetmedic reservation: each test starts clean.
+
+    ``no_job_left`` also waits until the controller holds no finished job either (they
+    stay for MinJobAge, deploy/slurm.sh: 120 s, and a new watcher reports the failed ones
+    with their nodes)."""
+    sh(conf, "scancel", "--user=root", check=False)
+    for line in sh(conf, "scontrol", "show", "reservation", "-o", check=False).splitlines():
+        name = line.split()[0].removeprefix("ReservationName=") if line.startswith("ReservationName=") else ""
+        if name.startswith("fleetmedic-diag-"):
+            sh(conf, "scontrol", "delete", f"ReservationName={name}", check=False)
+    for n in ("n1", "n2", "n3", "n4"):
+        sh(conf, "scontrol", "update", f"NodeName={n}", "State=RESUME", check=False)
+    wait_for("all nodes idle", lambda: set(sh(conf, "sinfo", "-h", "-o", "%T").split()) <= {"idle"}, 30)
+    if no_job_left:
+        wait_for("no job left in the controller",
+                 lambda: not sh(conf, "squeue", "-h", "-t", "all", "-o", "%i").strip() or None, 300)

@@ -270,3 +270,37 @@ def test_each_pod_is_drained_in_its_workloads_mode(admin: Cluster, backend, node
     [batch] = [p for p in admin.pods(ns) if p.metadata.name == "batch"]
     assert batch.status.phase == "Succeeded" and batch.metadata.deletion_timestamp is None  # never evicted
     assert took >= 6
+
+
+def test_an_isolation_from_a_lagging_node_cache_meets_a_real_409_and_keeps_a_foreign_taint(admin: Cluster, nodes,
+                                                                                          k8s_deployed) -> None:
+    """The node cache on the real API server, as the deployment's ServiceAccount (its list
+    and watch on nodes): a node the cache has is isolated without a read; then the watch
+    is stopped, a person taints the node, and the isolation from the stale cache meets the
+    API server's own 409, reads the node and keeps the person's taint."""
+    node, other = nodes
+    b = KubernetesBackend.from_config(k8s_deployed, impersonate=SERVICE_ACCOUNT, namespace="fleetmedic-diag",
+                                      diag_image="registry.local/dcgm:3", request_timeout=15.0, node_cache=True)
+    try:
+        cache = b.node_cache
+        assert cache is not None and cache.synced.wait(30), f"the cache did not list (why: {list(cache.relisted)})"
+        wait_for("both nodes in the cache", lambda: cache.get(node) and cache.get(other), 30)
+        assert act(b, ActionName.isolate, other, reason="gpu_hardware")[0] is Outcome.applied
+        assert (TAINT, "gpu_hardware", "NoSchedule") in admin.taints(other)
+
+        cache.stop(join_s=10)  # the cache lags from here on
+        stale = cache.nodes[node]["resourceVersion"]
+        admin.core.patch_node(node, {"spec": {"taints": [
+            {"key": "example.com/maintenance", "value": "bios", "effect": "NoSchedule"}]}})
+        assert admin.node(node).metadata.resource_version != stale
+        outcome, detail = act(b, ActionName.isolate, node, reason="gpu_hardware")
+        assert outcome is Outcome.applied, detail
+        assert set(admin.taints(node)) >= {("example.com/maintenance", "bios", "NoSchedule"),
+                                            (TAINT, "gpu_hardware", "NoSchedule")}
+        assert admin.node(node).spec.unschedulable is True
+        rv = admin.node(node).metadata.resource_version
+        # the stale cache still shows the node untouched: "already so" comes from the server
+        assert act(b, ActionName.isolate, node, reason="gpu_hardware")[0] is Outcome.already_so
+        assert admin.node(node).metadata.resource_version == rv
+    finally:
+        asyncio.run(b.close())

@@ -17,8 +17,7 @@ import pytest
 
 from .harness import ROOT, Worker, collect, produce
 from .slurm_helpers import job as slurm_job
-from .slurm_helpers import sh, wait_for
-from .test_slurm_loop import reset_cluster, running_nodes
+from .slurm_helpers import reset_cluster, running_nodes, sh, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -44,11 +43,7 @@ def fresh_loop(kafka_bootstrap, slurm_conf, tmp_path):
     are not on this worker's nodes, where they would each be asked to checkpoint first."""
     env = {"FLEETMEDIC_ACTUATORS__BACKEND": "slurm", "FLEETMEDIC_ACTUATORS__SLURM_CONF": slurm_conf,
            "FLEETMEDIC_SAFETY__FLEET_SIZE": "4", "FLEETMEDIC_SAFETY__MAX_FRACTION": "0.5", "SLURM_CONF": slurm_conf}
-    reset_cluster(slurm_conf)
-    # finished jobs stay in the controller for MinJobAge (deploy/slurm.sh: 120 s) and a
-    # new watcher reports the failed ones with their nodes: none may be left to report
-    wait_for("no job left in the controller", lambda: not sh(slurm_conf, "squeue", "-h", "-t", "all", "-o", "%i")
-             .strip() or None, 300)
+    reset_cluster(slurm_conf, no_job_left=True)  # no finished job left for the new watcher to report
     worker = Worker(kafka_bootstrap, sim_url="http://127.0.0.1:9", env=env).start()
     log = open(tmp_path / "watcher.log", "w")
     watcher = subprocess.Popen([sys.executable, "-m", "pipeline", "watch-slurm", "--interval", "0.5"], cwd=ROOT,

@@ -20,7 +20,7 @@ from pipeline.eval.failures import excerpt
 from .harness import ROOT, Worker, collect, gpu_sample, produce
 
 from .slurm_helpers import job as slurm_job
-from .slurm_helpers import sh, wait_for
+from .slurm_helpers import reset_cluster, running_nodes, sh, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -31,18 +31,6 @@ while [ ! -e "$1" ]; do sleep 0.2; done
 cat "$1" >&2
 exit 1
 """
-
-
-def reset_cluster(slurm_conf: str) -> None:
-    """No jobs, every node in service, no fleetmedic reservation: each test starts clean."""
-    sh(slurm_conf, "scancel", "--user=root", check=False)
-    for line in sh(slurm_conf, "scontrol", "show", "reservation", "-o", check=False).splitlines():
-        name = line.split()[0].removeprefix("ReservationName=") if line.startswith("ReservationName=") else ""
-        if name.startswith("fleetmedic-diag-"):
-            sh(slurm_conf, "scontrol", "delete", f"ReservationName={name}", check=False)
-    for n in ("n1", "n2", "n3", "n4"):
-        sh(slurm_conf, "scontrol", "update", f"NodeName={n}", "State=RESUME", check=False)
-    wait_for("all nodes idle", lambda: set(sh(slurm_conf, "sinfo", "-h", "-o", "%T").split()) <= {"idle"}, 30)
 
 
 @pytest.fixture(autouse=True)
@@ -84,13 +72,6 @@ def submit(slurm_conf: str, work: Path, name: str) -> tuple[str, Path]:
              f"--output={work}/{name}-%j.out", f"--error={work}/{name}-%j.err",
              str(work / "train.sh"), str(marker))
     return out.strip().split(";")[0], marker
-
-
-def running_nodes(slurm_conf: str, jid: str) -> list[str] | None:
-    from actuators.slurm import expand_hostlist
-
-    info = slurm_job(slurm_conf, jid)
-    return expand_hostlist(info["NodeList"]) if info.get("JobState") == "RUNNING" else None
 
 
 def test_xid79_requeues_job_without_node_drains_it_and_resumes_it_after_diagnostics(slurm_loop):
