@@ -30,8 +30,12 @@ class CircuitBreaker:
     _events: deque[tuple[float, str]] = field(default_factory=deque, init=False, repr=False)
     #: isolations counted per node in the window (``_events`` by node, for O(1) lookups)
     _count: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    #: the latest counted time of each node in the window
+    _at: dict[str, float] = field(default_factory=dict, init=False, repr=False)
     #: how many times the window changed: a caller keeping a copy writes it only then
     changes: int = field(default=0, init=False)
+    #: nodes whose counted time changed since :meth:`take_changes` (None: all of them, after a restore)
+    _dirty: set[str] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.max_fraction <= 1.0:
@@ -60,6 +64,12 @@ class CircuitBreaker:
             self._count[node] = left
         else:
             self._count.pop(node, None)
+            self._at.pop(node, None)
+            self._touch(node)
+
+    def _touch(self, node: str) -> None:
+        if self._dirty is not None:
+            self._dirty.add(node)
 
     def used(self, now: float) -> int:
         self._expire(now)
@@ -82,6 +92,8 @@ class CircuitBreaker:
             )
         self._events.append((now, node))
         self._count[node] = self._count.get(node, 0) + 1
+        self._at[node] = now
+        self._touch(node)
         self.changes += 1
         return BreakerDecision(True, used + 1, budget, "within budget")
 
@@ -91,14 +103,34 @@ class CircuitBreaker:
             return
         self._events = deque((t, n) for t, n in self._events if n != node)
         del self._count[node]
+        self._at.pop(node, None)
+        self._touch(node)
         self.changes += 1
 
     def snapshot(self) -> list[tuple[float, str]]:
         return list(self._events)
 
+    @property
+    def size(self) -> int:
+        """How many isolations the window holds (as of the last check or expiry)."""
+        return len(self._events)
+
+    def counted_at(self, node: str) -> float | None:
+        """When ``node``'s isolation was last counted in the window, or None."""
+        return self._at.get(node)
+
+    def take_changes(self) -> set[str] | None:
+        """The nodes whose counted time changed since the last call (None: the window was
+        restored since, and any node may have), and start counting afresh: a caller
+        keeping a copy of the window writes what changed, not the window."""
+        dirty, self._dirty = self._dirty, set()
+        return dirty
+
     def restore(self, events: list[tuple[float, str]]) -> None:
         self._events = deque(sorted((float(t), str(n)) for t, n in events))
-        self._count = {}
-        for _, n in self._events:
+        self._count, self._at = {}, {}
+        for t, n in self._events:
             self._count[n] = self._count.get(n, 0) + 1
+            self._at[n] = t
+        self._dirty = None
         self.changes += 1

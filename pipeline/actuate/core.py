@@ -423,6 +423,13 @@ class ActionRunner:
     the work was planned with are then on the broker before the backend acts, so a worker
     killed in between cannot come back with a breaker that forgot an isolation it made.
     Work added while a flush is under way waits for the next one.
+
+    The head of each idle target's queue is kept in heaps (by due time until it is due,
+    then by urgency and ``seq``), so a pump round costs what it starts, not a walk over
+    every queue: in a burst of a thousand nodes, each with its isolation, drain and
+    diagnosis queued, a walk per finished try was most of the worker's time. An entry
+    whose target has moved on (its head finished, was replaced by a retry or was
+    dropped) is recognised when it comes up and skipped.
     """
 
     def __init__(self, actuation: Actuation, report: Report, *, max_in_flight: int = 64,
@@ -448,6 +455,16 @@ class ActionRunner:
         self.tasks: set[asyncio.Task[None]] = set()
         self.tries = 0
         self._wake = asyncio.Event()
+        #: each queued key's urgency, worked out once
+        self._ranks: dict[str, int] = {}
+        #: busy targets whose running try is an isolation
+        self._isolating: set[str] = set()
+        #: heads not yet due, (due, seq, target, key): those that may start while containing, and the rest
+        self._waiting: tuple[list[tuple[float, int, str, str]], list[tuple[float, int, str, str]]] = ([], [])
+        #: heads due, (rank, seq, target, key, due), split the same way
+        self._ready: tuple[list[tuple[int, int, str, str, float]], list[tuple[int, int, str, str, float]]] = ([], [])
+        #: when every queue's head was last checked against ``owns``
+        self._swept_at = float("-inf")
 
     @property
     def pending(self) -> int:
@@ -457,19 +474,99 @@ class ActionRunner:
         """Queue ``w`` behind the work on its target (by ``seq``); False if it is queued."""
         if w.key in self.keys:
             return False
-        bisect.insort(self.queues.setdefault(w.target, []), w, key=lambda x: x.seq)
+        q = self.queues.setdefault(w.target, [])
+        bisect.insort(q, w, key=lambda x: x.seq)
         self.keys.add(w.key)
+        self._ranks[w.key] = urgency(w)
+        if q[0] is w:
+            self._index(w.target)
         if self.durable is not None:
             self.fresh.add(w.key)
         self._wake.set()
         return True
 
+    # ------------------------------------------------------------------ the index
+
+    def _index(self, target: str) -> None:
+        """Enter ``target``'s head (if it has one and is idle) in the heap of work waiting for its time."""
+        q = self.queues.get(target)
+        if not q or target in self.busy:
+            return
+        w = q[0]
+        heapq.heappush(self._waiting[self._ranks.get(w.key, 3) > CONTAIN_FIRST], (w.due, w.seq, target, w.key))
+
+    def _head(self, target: str, key: str, due: float) -> Work | None:
+        """The head an index entry stands for, if it still is one: its target idle, the same
+        work at its head, due when the entry says. A head whose due time was changed in
+        place is entered again."""
+        q = self.queues.get(target)
+        if not q or target in self.busy:
+            return None
+        w = q[0]
+        if w.key != key:
+            return None
+        if w.due != due:
+            self._index(target)
+            return None
+        return w
+
+    def _forget(self, key: str) -> None:
+        self.keys.discard(key)
+        self._ranks.pop(key, None)
+        self.fresh.discard(key)
+
+    def _drop_head(self, target: str) -> None:
+        """Drop ``target``'s head (its partition moved to another worker); enter the next one."""
+        q = self.queues[target]
+        self._forget(q.pop(0).key)
+        if q:
+            self._index(target)
+        else:
+            del self.queues[target]
+
+    def _sweep(self, owns: Callable[[int], bool]) -> None:
+        """Drop every head whose partition this worker no longer owns."""
+        for target in list(self.queues):
+            if target in self.busy:
+                continue
+            q = self.queues[target]
+            dropped = False
+            while q and not owns(q[0].partition):
+                self._forget(q.pop(0).key)
+                dropped = True
+            if not q:
+                del self.queues[target]
+            elif dropped:
+                self._index(target)
+
+    def _ready_top(self, heap: list[tuple[int, int, str, str, float]],
+                   owns: Callable[[int], bool]) -> tuple[int, int, str, str, float] | None:
+        """The first live entry of a ready heap (stale ones, and work no longer owned, removed)."""
+        while heap:
+            rank, _, target, key, due = heap[0]
+            w = self._head(target, key, due)
+            if w is None:
+                heapq.heappop(heap)
+            elif not owns(w.partition):
+                heapq.heappop(heap)
+                self._drop_head(target)
+            else:
+                return heap[0]
+        return None
+
+    def _waiting_top(self, heap: list[tuple[float, int, str, str]]) -> float | None:
+        """The due time of the first live entry of a waiting heap."""
+        while heap:
+            due, _, target, key = heap[0]
+            if self._head(target, key, due) is not None:
+                return due
+            heapq.heappop(heap)
+        return None
+
+    # ------------------------------------------------------------------ the pump's steps
+
     def start_due(self, now: float) -> int:
         """Start the most urgent tries that are due, within ``max_in_flight``; how many started."""
-        room = self.max_in_flight - len(self.busy)
-        if room <= 0:
-            return 0
-        due: list[tuple[int, int, str]] = []
         owned: dict[int, bool] = {}  # asked once per partition per call: the answer walks the assignment
 
         def owns(partition: int) -> bool:
@@ -477,40 +574,54 @@ class ActionRunner:
                 owned[partition] = self.owns(partition)
             return owned[partition]
 
-        containing = False  # an isolation in flight, or due now
-        for target in list(self.queues):
-            q = self.queues[target]
-            while q and not owns(q[0].partition):
-                self.keys.discard(q.pop(0).key)  # its partition moved to another worker
-            if not q:
-                del self.queues[target]
-                continue
-            rank = urgency(q[0])
-            if rank == 0 and (target in self.busy or q[0].due <= now):
-                containing = True
-            if target not in self.busy and q[0].due <= now and q[0].key not in self.fresh:
-                due.append((rank, q[0].seq, target))
+        if now - self._swept_at >= 1.0:
+            self._sweep(owns)
+            self._swept_at = now
+        for urgent in (0, 1):
+            waiting, ready = self._waiting[urgent], self._ready[urgent]
+            while waiting and waiting[0][0] <= now:
+                due, seq, target, key = heapq.heappop(waiting)
+                if self._head(target, key, due) is not None:
+                    heapq.heappush(ready, (self._ranks.get(key, 3), seq, target, key, due))
+        # an isolation in flight, or due now (the urgent heap holds ranks 0 and 1, 0 first)
+        top = self._ready_top(self._ready[0], owns)
+        containing = bool(self._isolating) or (top is not None and top[0] == 0)
         if containing:
             self.contained_at = now
         self.holding = containing or now - self.contained_at < self.contain_quiet_s
-        if self.holding:
-            due = [d for d in due if d[0] <= CONTAIN_FIRST]
-        for _, _, target in heapq.nsmallest(room, due):
-            self.busy.add(target)
-            task = asyncio.ensure_future(self._one(self.queues[target][0]))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-        return min(room, len(due))
+        room = self.max_in_flight - len(self.busy)
+        started = 0
+        aside: list[tuple[int, int, str, str, float]] = []
+        for ready in self._ready[:1] if self.holding else self._ready:
+            while started < room and self._ready_top(ready, owns) is not None:
+                entry = heapq.heappop(ready)
+                rank, _, target, key, _ = entry
+                if key in self.fresh:  # not durable yet: the next round, after the flush
+                    aside.append(entry)
+                    continue
+                self.busy.add(target)
+                if rank == 0:
+                    self._isolating.add(target)
+                task = asyncio.ensure_future(self._one(self.queues[target][0]))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+                started += 1
+            for entry in aside:
+                heapq.heappush(ready, entry)
+            aside.clear()
+        return started
 
     def next_due(self) -> float | None:
         """When the next try is due.  Work held back for containment is not counted: a
         finished isolation wakes the pump, and the end of the quiet window is counted
-        in its place."""
-        heads = [q[0] for t, q in self.queues.items() if q and t not in self.busy]
+        in its place. Due work that waits for room is not counted either: a finished try
+        wakes the pump."""
+        urgent = self._waiting_top(self._waiting[0])
+        rest = self._waiting_top(self._waiting[1])
         if not self.holding:
-            return min((w.due for w in heads), default=None)
-        due = [w.due for w in heads if urgency(w) <= CONTAIN_FIRST]
-        if len(due) < len(heads) and self.contain_quiet_s > 0:
+            return min((d for d in (urgent, rest) if d is not None), default=None)
+        due = [] if urgent is None else [urgent]
+        if (rest is not None or self._ready[1]) and self.contain_quiet_s > 0:
             due.append(self.contained_at + self.contain_quiet_s)
         return min(due, default=None)
 
@@ -540,6 +651,7 @@ class ActionRunner:
             got = replace(w, due=self.clock() + 1.0)
         finally:
             self.busy.discard(w.target)
+            self._isolating.discard(w.target)
             self._wake.set()
         q = self.queues.get(w.target) or []
         if q and q[0].key == w.key:
@@ -547,9 +659,10 @@ class ActionRunner:
                 q[0] = got
             else:
                 q.pop(0)
-                self.keys.discard(w.key)
+                self._forget(w.key)
             if not q:
                 self.queues.pop(w.target, None)
+        self._index(w.target)
 
     async def run(self, should_stop: Callable[[], bool]) -> None:
         """The pump: start what is due, then wait for new work, a finished try or the next

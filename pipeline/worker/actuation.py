@@ -229,7 +229,7 @@ class BreakerWindow:
 
     @property
     def used(self) -> int:
-        return len(self.breaker.snapshot())
+        return int(self.breaker.size)
 
     def sync(self) -> bool:
         """The breaker from the table if the table changed under it; whether it did."""
@@ -250,16 +250,21 @@ class BreakerWindow:
         """What changed in the breaker's window into the table; whether anything did."""
         if self.breaker.changes == self.changes:
             return False
-        now = {n: t for t, n in self.breaker.snapshot()}
-        for node in [n for n in self.written if n not in now]:
-            self.table.pop(self.PREFIX + node, None)
-        for node, t in now.items():
-            if self.written.get(node) != t:
+        dirty = self.breaker.take_changes()
+        if dirty is None:  # restored since: compare the whole window, once
+            now = {n: t for t, n in self.breaker.snapshot()}
+            dirty = set(now) | set(self.written)
+        for node in dirty:
+            t = self.breaker.counted_at(node)
+            if t is None:
+                if self.written.pop(node, None) is not None:
+                    self.table.pop(self.PREFIX + node, None)
+            elif self.written.get(node) != t:
                 self.table[self.PREFIX + node] = t
+                self.written[node] = t
         if self.window is None or isinstance(self.window, list):
             self.window = {"entries": self.PREFIX + "<node>"}
             self.table[self.KEY] = self.window
-        self.written = now
         self.changes = self.breaker.changes
         return True
 

@@ -105,7 +105,7 @@ def install(w: Wiring) -> None:
                          "fabric_model": {"name": net_detection.model.name, "ready": net_detection.model.ready,
                                           "fits": net_detection.fits,
                                           "training_rows": min(net_detection.reservoir_seen, 20000)},
-                         "breaker_used": len(breaker.snapshot()),
+                         "breaker_used": breaker.size,
                          "actions_waiting": state["runner"].pending if state["runner"] else 0,
                          "action_tries": state["runner"].tries if state["runner"] else 0, "detector_state_bytes": gpu_detection.nbytes() + net_detection.nbytes(),
                          "timing": timing,

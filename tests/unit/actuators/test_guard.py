@@ -103,3 +103,17 @@ def test_the_breaker_counts_its_changes_and_keeps_its_node_index_through_expiry_
     copy.restore(b.snapshot())
     assert copy.check("n1", 100, 112.0).reason == "already counted in this window"
     assert copy.check("n2", 100, 112.0).reason == "already counted in this window"
+
+
+def test_the_breaker_says_which_nodes_changed_so_a_copy_is_kept_without_a_walk_over_the_window() -> None:
+    b = CircuitBreaker(max_fraction=1.0, max_absolute=100, window_s=100.0)
+    b.restore([(0.0, "old")])
+    assert b.take_changes() is None  # restored: any node may have changed
+    for i, node in enumerate(("n1", "n2", "n3")):
+        assert b.check(node, 100, 10.0 + i).allowed
+    assert b.take_changes() == {"n1", "n2", "n3"} and b.counted_at("n2") == 11.0
+    assert b.check("n2", 100, 20.0).allowed and b.take_changes() == set()  # counted already: no change
+    b.release("n1")
+    assert b.used(100.5) == 2  # "old" (at 0) expires
+    assert b.take_changes() == {"n1", "old"} and b.counted_at("n1") is None and b.counted_at("old") is None
+    assert b.size == 2 and b.take_changes() == set()
