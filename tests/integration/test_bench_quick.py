@@ -65,6 +65,12 @@ def test_quick_burst_bench_isolates_every_node_on_the_real_api_server(tmp_path):
         for run in b["runs"]:
             assert run["verdicts_seen"] == int(size)  # every node's verdict, each node seen done
             assert 0 < run["seconds"] and 0 < run["raw_seconds"] and 0 < run["raw_same_calls_seconds"]
+            assert run["worker_cpu_s"] > 0  # the worker under measurement did the work
+            # a tenth, half, nine tenths and all of the verdicts and of the nodes done, in order,
+            # and the last node done is the burst's seconds
+            verdicts, done = run["timeline_s"]["verdicts"], run["timeline_s"]["cordon"]
+            assert verdicts == sorted(verdicts) and done == sorted(done) and len(done) == 4
+            assert abs(done[-1] - run["seconds"]) < 0.01 and verdicts[0] < done[-1]
         for key in ("seconds", "nodes_per_s", "raw_limit_nodes_per_s", "ratio", "raw_same_calls_nodes_per_s",
                     "ratio_same_calls"):
             assert b[f"{key}_min"] <= b[key] <= b[f"{key}_max"], (size, key)
