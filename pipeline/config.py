@@ -215,8 +215,9 @@ class NetworkSettings(_Section):
     hold_s: float = Field(60.0, ge=0, description="how long a lone node's port anomaly waits for others under its switch")
     window_s: float = Field(600.0, gt=0, description="how long a port anomaly counts towards its switch")
     tick_lag_s: float = Field(
-        2.0, ge=0, le=60, description="wall seconds a lone node's hold waits after the fabric's watermark passed it "
-                                      "(the neighbours' anomalies are still on their way through the node track)")
+        5.0, ge=0, le=60, description="wall seconds a lone node's hold waits after the fabric's watermark passed it "
+                                      "(the neighbours' anomalies are still on their way through the node track; "
+                                      "on a loaded 2-core worker that took more than 2 s)")
 
 
 class SafetySettings(_Section):

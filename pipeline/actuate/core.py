@@ -664,19 +664,34 @@ class ActionRunner:
                 self.queues.pop(w.target, None)
         self._index(w.target)
 
+    async def _flush(self) -> None:
+        """:meth:`make_durable` beside the pump; after a failure, half a second before the next."""
+        if not await self.make_durable():
+            await asyncio.sleep(0.5)
+        self._wake.set()
+
     async def run(self, should_stop: Callable[[], bool]) -> None:
-        """The pump: start what is due, then wait for new work, a finished try or the next
-        due time (at most a second)."""
-        while not should_stop():
-            self._wake.clear()
-            if not await self.make_durable():
-                await asyncio.sleep(0.5)
-                continue
-            now = self.clock()
-            self.start_due(now)
-            nxt = self.next_due()
-            timeout = 1.0 if nxt is None else min(1.0, max(0.01, nxt - now))
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
+        """The pump: start what is due, then wait for new work, a finished try, a flush
+        done or the next due time (at most a second).
+
+        New work is made durable by a flush that runs beside the pump, not in its way: in
+        a burst, work keeps arriving, and a pump that awaited a flush of the producer
+        before each round left the room of every finished try empty until the flush was
+        done. Work still fresh does not start (:meth:`start_due`)."""
+        flushing: asyncio.Future[None] | None = None
+        try:
+            while not should_stop():
+                self._wake.clear()
+                if self.fresh and (flushing is None or flushing.done()):
+                    flushing = asyncio.ensure_future(self._flush())
+                now = self.clock()
+                self.start_due(now)
+                nxt = self.next_due()
+                timeout = 1.0 if nxt is None else min(1.0, max(0.01, nxt - now))
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            if flushing is not None and not flushing.done():
+                flushing.cancel()

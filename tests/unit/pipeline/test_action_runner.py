@@ -265,6 +265,39 @@ async def test_no_work_reaches_the_backend_before_the_state_it_was_planned_with_
     await asyncio.wait_for(pump, 5)
 
 
+async def test_a_flush_under_way_holds_only_the_new_work_not_the_room_a_finished_try_frees() -> None:
+    """One try at a time: while a flush for new work is under way, the try that finishes
+    makes room for the durable work behind it at once; the new work waits for its flush."""
+    backend, clock = GatedBackend(), Clock()
+    act, _, _ = _setup(backend, clock)
+    flush = Flush(backend)
+    flush.gate.set()
+    runner = ActionRunner(act, lambda w, got: asyncio.sleep(0), clock=clock, durable=flush, max_in_flight=1)
+    await _plan(act, runner, [("isolate", "node-0001")], "v-1", 1, "node-0001")
+    await _plan(act, runner, [("isolate", "node-0002")], "v-2", 2, "node-0002")
+    stop = asyncio.Event()
+    pump = asyncio.ensure_future(runner.run(stop.is_set))
+    for _ in range(5):
+        await _settle_started()
+    assert backend.calls == [("isolate", "node-0001")]  # flushed, one at a time
+    flush.gate.clear()  # the next flush hangs
+    await _plan(act, runner, [("isolate", "node-0003")], "v-3", 3, "node-0003")
+    for _ in range(5):
+        await _settle_started()
+    assert len(flush.calls_at_start) == 2  # under way
+    backend.gate.set()  # node-0001's try finishes
+    for _ in range(10):
+        await _settle_started()
+    assert backend.calls == [("isolate", "node-0001"), ("isolate", "node-0002")]  # not held by the flush
+    flush.gate.set()
+    for _ in range(20):
+        await _settle_started()
+    assert backend.calls[-1] == ("isolate", "node-0003")
+    stop.set()
+    runner._wake.set()
+    await asyncio.wait_for(pump, 5)
+
+
 async def test_a_flush_that_fails_holds_the_work_and_is_tried_again() -> None:
     backend, clock = GatedBackend(), Clock()
     backend.gate.set()
