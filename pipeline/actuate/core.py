@@ -459,7 +459,7 @@ class ActionRunner:
         self._ranks: dict[str, int] = {}
         #: busy targets whose running try is an isolation
         self._isolating: set[str] = set()
-        #: heads not yet due, (due, seq, target, key): those that may start while containing, and the rest
+        #: heads not yet due, (due, seq, target, key): [0] those that may start while containing, [1] the rest
         self._waiting: tuple[list[tuple[float, int, str, str]], list[tuple[float, int, str, str]]] = ([], [])
         #: heads due, (rank, seq, target, key, due), split the same way
         self._ready: tuple[list[tuple[int, int, str, str, float]], list[tuple[int, int, str, str, float]]] = ([], [])
@@ -577,8 +577,7 @@ class ActionRunner:
         if now - self._swept_at >= 1.0:
             self._sweep(owns)
             self._swept_at = now
-        for urgent in (0, 1):
-            waiting, ready = self._waiting[urgent], self._ready[urgent]
+        for waiting, ready in zip(self._waiting, self._ready, strict=True):
             while waiting and waiting[0][0] <= now:
                 due, seq, target, key = heapq.heappop(waiting)
                 if self._head(target, key, due) is not None:

@@ -76,6 +76,21 @@ async def _plan(act: Actuation, runner: ActionRunner, actions, vid: str, seq: in
         runner.add(step)
 
 
+async def _plan_burst(act: Actuation, runner: ActionRunner, nodes: int) -> None:
+    """A burst: each of ``nodes`` nodes with its isolation, drain and diagnosis planned."""
+    for i in range(nodes):
+        node = f"node-{i:04d}"
+        await _plan(act, runner, [("isolate", node), ("drain", node), ("diagnose", node)], f"v-{i}", i, node)
+
+
+def _by_target(calls: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """The backend's calls, each target's actions in the order they reached it."""
+    out: dict[str, list[str]] = {}
+    for action, target in calls:
+        out.setdefault(target, []).append(action)
+    return out
+
+
 async def _settle(runner: ActionRunner) -> None:
     for _ in range(50):
         await asyncio.sleep(0)
@@ -97,9 +112,7 @@ async def test_a_hundred_targets_are_acted_on_64_at_a_time_each_in_its_own_order
         runner.start_due(clock())
         await _settle(runner)
     assert backend.most == 64
-    by_node: dict[str, list[str]] = {}
-    for action, target in backend.calls:
-        by_node.setdefault(target, []).append(action)
+    by_node = _by_target(backend.calls)
     assert all(v == ["isolate", "drain"] for v in by_node.values()) and len(by_node) == 100
     assert all(isinstance(got, ActionRecord) and got.outcome is Outcome.applied for _, got in reports)
 
@@ -202,9 +215,7 @@ async def test_in_a_burst_every_node_is_isolated_before_the_first_drain_or_diagn
     backend, clock = GatedBackend(), Clock()
     backend.gate.set()
     act, runner, _ = _setup(backend, clock, max_in_flight=8)
-    for i in range(40):
-        node = f"node-{i:04d}"
-        await _plan(act, runner, [("isolate", node), ("drain", node), ("diagnose", node)], f"v-{i}", i, node)
+    await _plan_burst(act, runner, 40)
     await _plan(act, runner, [("requeue", "ns/train")], "v-job", 99, "ns/train")
     while runner.pending:
         runner.start_due(clock())
@@ -214,9 +225,7 @@ async def test_in_a_burst_every_node_is_isolated_before_the_first_drain_or_diagn
     last_isolate = max(i for i, a in enumerate(actions) if a == "isolate")
     assert last_isolate < actions.index("requeue") < actions.index("drain")
     assert max(i for i, a in enumerate(actions) if a == "drain") < actions.index("diagnose")
-    by_node: dict[str, list[str]] = {}
-    for action, target in backend.calls:
-        by_node.setdefault(target, []).append(action)
+    by_node = _by_target(backend.calls)
     assert all(v == ["isolate", "drain", "diagnose"] for k, v in by_node.items() if k.startswith("node-"))
 
 
@@ -501,9 +510,7 @@ async def test_a_pump_round_costs_what_it_starts_not_a_walk_over_every_queue(mon
     backend, clock = GatedBackend(), Clock()
     backend.gate.set()
     act, runner, _ = _setup(backend, clock, max_in_flight=8)
-    for i in range(300):
-        node = f"node-{i:04d}"
-        await _plan(act, runner, [("isolate", node), ("drain", node), ("diagnose", node)], f"v-{i}", i, node)
+    await _plan_burst(act, runner, 300)
     rounds = 0
     while runner.pending:
         runner.start_due(clock())
@@ -512,9 +519,7 @@ async def test_a_pump_round_costs_what_it_starts_not_a_walk_over_every_queue(mon
     assert rounds >= 900 // 8 and calls == 900
     actions = [a for a, _ in backend.calls]
     assert max(i for i, a in enumerate(actions) if a == "isolate") < actions.index("drain")
-    by_node: dict[str, list[str]] = {}
-    for action, target in backend.calls:
-        by_node.setdefault(target, []).append(action)
+    by_node = _by_target(backend.calls)
     assert all(v == ["isolate", "drain", "diagnose"] for v in by_node.values()) and len(by_node) == 300
 
 
