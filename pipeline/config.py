@@ -153,12 +153,13 @@ class PolicySettings(_Section):
     )
     correlation_lag_s: float = Field(
         2.0, ge=0, le=60, description="wall seconds a failure's judgement waits after the telemetry watermark passed "
-                                      "its grace (node evidence of that time is still on its way through the node "
-                                      "track)")
+                                      "its grace, for node evidence sent by another worker (anomalies this worker "
+                                      "sent are waited for until its node track has correlated them)")
     correlation_wait_max_s: float = Field(
         30.0, ge=0, le=3600, description="wall-clock seconds a job failure waits at most for telemetry to reach the "
                                          "end of its grace; past it (telemetry stalled or absent) it is judged on "
-                                         "the evidence at hand"
+                                         "the evidence at hand; also the longest a tick waits for one anomaly still "
+                                         "on its way through the node track"
     )
     degrade_confirmations: int = Field(3, ge=1, description="degradation findings that make a node isolated")
     degrade_window_s: float = Field(600.0, gt=0, description="event-time window for degradation findings")
@@ -215,9 +216,9 @@ class NetworkSettings(_Section):
     hold_s: float = Field(60.0, ge=0, description="how long a lone node's port anomaly waits for others under its switch")
     window_s: float = Field(600.0, gt=0, description="how long a port anomaly counts towards its switch")
     tick_lag_s: float = Field(
-        5.0, ge=0, le=60, description="wall seconds a lone node's hold waits after the fabric's watermark passed it "
-                                      "(the neighbours' anomalies are still on their way through the node track; "
-                                      "on a loaded 2-core worker that took more than 2 s)")
+        5.0, ge=0, le=60, description="wall seconds a lone node's hold waits after the fabric's watermark passed it, "
+                                      "for neighbours' anomalies sent by another worker (those this worker sent are "
+                                      "waited for until its node track has correlated them)")
 
 
 class SafetySettings(_Section):

@@ -161,9 +161,11 @@ CLOCKS: list[tuple[str, str, tuple[str, ...], str]] = [
      "node evidence stamped up to grace after the failure counts; judged when the telemetry watermark (every GPU "
      "and network partition) passes it"),
     ("... its propagation allowance", "wall", ("policy.correlation_lag_s",),
-     "the watermark used is the one of this long ago, so findings reach the job track first"),
+     "the watermark used is the one of this long ago, and below every anomaly this worker sent that its node "
+     "track has not yet correlated, so findings reach the job track first"),
     ("... its longest wait", "wall", ("policy.correlation_wait_max_s",),
-     "telemetry stalled or absent: judged on the evidence at hand"),
+     "telemetry stalled or absent: judged on the evidence at hand (an anomaly never correlated stops holding "
+     "the ticks back after as long)"),
     ("degradation confirmations", "event", ("policy.degrade_window_s",),
      "degrade_confirmations findings within it isolate the node"),
     ("repeat failures on one node", "event", ("policy.repeat_failure_window_s", "policy.repeat_origin_window_s"),
@@ -177,7 +179,8 @@ CLOCKS: list[tuple[str, str, tuple[str, ...], str]] = [
      "telemetry stalled or absent: the job is moved this long after the request in wall time"),
     ("lemon nodes", "event", ("policy.lemon_window_s",), "returns to service within it"),
     ("switch hold of a lone node's port anomaly", "event", ("network.hold_s", "network.window_s"),
-     "on the fabric's watermark (network partitions)"),
+     "ended only by a tick on the fabric's watermark (network partitions); a later notice of another node does "
+     "not end it"),
     ("... its propagation allowance", "wall", ("network.tick_lag_s",), "as correlation_lag_s"),
     ("fabric model refit", "event", ("network.refit_s",),
      "fits at 60 s grid points of the network watermark (the first with network.min_train_rows healthy windows "

@@ -962,8 +962,8 @@ def switch_on_notice(st: SwitchState, n: SwitchNotice, net: NetworkSettings) -> 
     Several nodes (``switch_min_nodes``) with port anomalies within ``window_s`` blame the
     switch: one ``fabric_switch`` verdict that escalates the switch, and every affected
     node is told (so that its job is not blamed and the node is not isolated).  A node
-    alone for ``hold_s`` is the node's own fault: its owner is told ``network_fault``.
-    ``tick`` notices move event time on so that held nodes are decided.
+    alone for ``hold_s`` is the node's own fault: its owner is told ``network_fault``, on
+    the ``tick`` that ends its hold (sent once the fabric's watermark has passed it).
     """
     d = Decision()
     now = max(n.ts, st.get("last", 0.0))
@@ -991,14 +991,19 @@ def switch_on_notice(st: SwitchState, n: SwitchNotice, net: NetworkSettings) -> 
             return _blame_switch(st, now, net)
         if n.node not in st["pending"] and not e.get("decided"):
             st["pending"][n.node] = n.ts + net.hold_s
-    # decide held nodes whose hold ran out with the switch still below the bar
+        return d
+    # a tick: decide held nodes whose hold ran out with the switch still below the bar.
+    # Only a tick does: it follows the fabric's watermark, so every neighbour's anomaly up
+    # to its time has arrived; a notice's time is one node's, and the node track's
+    # partitions run apart (a notice from a node far ahead would end the holds while the
+    # anomalies of nodes behind it are still on their way)
     for node, due in sorted(st["pending"].items()):
-        if due <= now and node in nodes:
+        if due <= n.ts and node in nodes:
             del st["pending"][node]
             e = nodes[node]
             e["decided"] = True
             d.node_notices.append(NodeNotice(
-                ts=now, node=node, kind="network_fault", job=",".join(e["kinds"]) or "port_anomaly",
+                ts=n.ts, node=node, kind="network_fault", job=",".join(e["kinds"]) or "port_anomaly",
                 reason=f"port anomalies on {', '.join(e['ports']) or 'ports'} of {node} only, under switch "
                        f"{st['switch']} ({len(nodes)} of {net.switch_min_nodes} nodes needed to blame it)",
                 signature=e["anomalies"][0] if e["anomalies"] else None,

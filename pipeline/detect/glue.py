@@ -15,7 +15,9 @@ evidence in the node's history, never a reason to isolate on their own.
 
 from __future__ import annotations
 
+import heapq
 import itertools
+import math
 import operator
 import re
 import time
@@ -1306,6 +1308,74 @@ class LaggedWatermark:
         while len(marks) > 1 and marks[1][0] <= cutoff:
             marks.popleft()  # keep the newest mark at least lag_s old, and those after it
         return marks[0][1] if marks[0][0] <= cutoff else 0.0
+
+
+class InFlight:
+    """Anomalies this worker sent whose correlation its node track has not yet finished.
+
+    The ticks that end a failure's grace and a lone node's switch hold follow the
+    telemetry watermark; the anomalies of that time go out through the ``anomalies``
+    topic and come back through the node track, whose notices reach the job and switch
+    tracks.  A tick must not overtake them: it waits for the oldest event time still
+    in flight (:meth:`floor`).  ``sent`` when an anomaly is handed to the producer,
+    ``landed`` once the broker placed it (``mine``: in a partition this worker's node
+    track reads; one read elsewhere is forgotten, as this worker cannot see it finish),
+    ``done`` when the node track has sent what it decided.  An anomaly that is not
+    done ``max_wait_s`` of wall time after it was sent (dead-lettered, or its partition
+    moved) stops holding the ticks back; each is counted in ``expired``.
+    """
+
+    def __init__(self, max_wait_s: float) -> None:
+        self.max_wait_s = max_wait_s
+        self.expired = 0
+        self._count: dict[str, int] = {}  # id -> copies in flight
+        self._times: list[tuple[float, str]] = []  # heap of (event time, id), stale entries dropped lazily
+        self._sent: deque[tuple[float, str]] = deque()  # (wall time sent, id), oldest first
+
+    def __len__(self) -> int:
+        return sum(self._count.values())
+
+    def sent(self, key: str, ts: float, wall: float) -> None:
+        self._count[key] = self._count.get(key, 0) + 1
+        heapq.heappush(self._times, (ts, key))
+        self._sent.append((wall, key))
+
+    def landed(self, key: str, mine: bool) -> None:
+        if not mine:
+            self._drop(key)
+
+    def done(self, key: str) -> None:
+        self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        n = self._count.get(key, 0)
+        if n > 1:
+            self._count[key] = n - 1
+        elif n:
+            del self._count[key]
+
+    def bound(self, mark: float, wall: float) -> float:
+        """``mark``, held back below the oldest event time still in flight."""
+        floor = self.floor(wall)
+        return mark if floor is None else min(mark, math.nextafter(floor, -math.inf))
+
+    def floor(self, wall: float) -> float | None:
+        """The oldest event time of an anomaly still in flight (None: none is)."""
+        cutoff = wall - self.max_wait_s
+        sent, count = self._sent, self._count
+        while sent and (sent[0][0] <= cutoff or sent[0][1] not in count):
+            _, key = sent.popleft()
+            if key in count:
+                self.expired += 1
+                self._drop(key)
+        times = self._times
+        while times and times[0][1] not in count:
+            heapq.heappop(times)
+        if not count:
+            times.clear()
+            sent.clear()
+            return None
+        return times[0][0]
 
 
 class PartitionWatermark:

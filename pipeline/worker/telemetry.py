@@ -65,6 +65,7 @@ def install(w: Wiring) -> None:
             await asyncio.shield(task)  # the stream reached the event time of a fit still running
         t1 = time.perf_counter()
         timing["decode_s"] += t1 - t0
+        newest: dict[int, float] = {}  # the newest event time of each partition in the batch
         try:
             anomalies = detection.process(samples)
             if detection is gpu_detection and w.api.history.watched:
@@ -82,12 +83,9 @@ def install(w: Wiring) -> None:
             if times:
                 count_ok(msgs[0].topic, len(times) - len(detection.refused))
                 where.setdefault(msgs[0].topic, {}).update(zip(nodes, parts))
-                newest: dict[int, float] = {}
                 for ts, part in zip(times, parts):
                     if ts > newest.get(part, 0.0):
                         newest[part] = ts
-                for part, ts in newest.items():
-                    telemetry_watermark.update((msgs[0].topic, part), ts)
             t2 = time.perf_counter()
             timing["detect_s"] += t2 - t1
             metrics.detect_seconds.labels(what).observe(t2 - t0)
@@ -99,7 +97,10 @@ def install(w: Wiring) -> None:
             for m in msgs:
                 await dead_raw(m.topic, m.partition, m.offset, m.key, m.value, f"detector error: {exc!r}")
             return
+        # the anomalies are in flight before the watermark passes them (a tick waits for them)
         await emit_anomalies(anomalies)
+        for part, ts in newest.items():
+            telemetry_watermark.update((msgs[0].topic, part), ts)
         if after is not None and times:
             after(nodes, times, parts)
         now = time.time()

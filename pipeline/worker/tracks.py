@@ -30,6 +30,7 @@ def install(w: Wiring) -> tuple[Any, ...]:
     node_source, job_source = w.node_source, w.job_source
     t_switch_in, t_job_in = w.topic("internal.switch-notices"), w.topic("internal.job-notices")
     job_marks, switch_marks, telemetry_watermark = w.job_marks, w.switch_marks, w.telemetry_watermark
+    in_flight = w.in_flight
     decode_event, send_dead, emit_anomalies, emit_decision = w.decode_event, w.send_dead, w.emit_anomalies, w.emit_decision
 
 
@@ -51,6 +52,8 @@ def install(w: Wiring) -> tuple[Any, ...]:
             rec = await decode_event(event, Anomaly if event.message.topic == anomalies_topic else NodeNotice)
             if rec is not None:
                 await correlate(event, rec)
+                if isinstance(rec, Anomaly):
+                    in_flight.done(rec.id)  # its notices are sent: a tick may follow them
 
     @app.agent(job_source, name="track_jobs")
     async def track_jobs(stream: faust.StreamT) -> None:
@@ -91,11 +94,11 @@ def install(w: Wiring) -> tuple[Any, ...]:
     async def send_switch_ticks() -> None:
         """Wake the switch track when a lone node's hold runs out, in the fabric's event time
         (the time the network samples of every partition have reached, as it was
-        ``network.tick_lag_s`` ago), so a replayed backlog is judged as it happened."""
+        ``network.tick_lag_s`` ago, and below the anomalies still on their way through
+        this worker's node track), so a replayed backlog is judged as it happened."""
         resume_schedule()
-        # the watermark of a moment ago: the anomalies of events up to it have had time to
-        # pass through the node track onto the switch notices before the tick follows them
-        mark = switch_marks.observe(time.monotonic(), state.get("net_watermark", 0.0))
+        wall = time.monotonic()
+        mark = in_flight.bound(switch_marks.observe(wall, state.get("net_watermark", 0.0)), wall)
         if mark:
             for tick in core.due_switch_ticks(mark):
                 await t_switch_in.send(key=tick.switch.encode(), value=tick.to_json())
@@ -106,9 +109,11 @@ def install(w: Wiring) -> tuple[Any, ...]:
         telemetry watermark of ``policy.correlation_lag_s`` ago has passed it (event time,
         so a replay at any speed is judged alike), or at the latest after
         ``policy.correlation_wait_max_s`` of wall time (telemetry stalled or absent).  The
-        tick carries that watermark as its event time."""
+        watermark stays below the anomalies still on their way through this worker's node
+        track; the tick carries it as its event time."""
         resume_schedule()
-        mark = job_marks.observe(time.monotonic(), telemetry_watermark.value)
+        wall = time.monotonic()
+        mark = in_flight.bound(job_marks.observe(wall, telemetry_watermark.value), wall)
         for tick in core.due_job_ticks(mark, time.time()):
             await t_job_in.send(key=tick.job.encode(), value=tick.to_json())
 

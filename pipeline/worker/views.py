@@ -106,6 +106,7 @@ def install(w: Wiring) -> None:
                                           "fits": net_detection.fits,
                                           "training_rows": min(net_detection.reservoir_seen, 20000)},
                          "breaker_used": breaker.size,
+                         "anomalies_in_flight": len(w.in_flight), "in_flight_expired": w.in_flight.expired,
                          "actions_waiting": state["runner"].pending if state["runner"] else 0,
                          "action_tries": state["runner"].tries if state["runner"] else 0, "detector_state_bytes": gpu_detection.nbytes() + net_detection.nbytes(),
                          "timing": timing,

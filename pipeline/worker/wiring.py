@@ -13,9 +13,11 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import faust
+from faust.types import TP
 
 from actuators import CircuitBreaker
 from schemas import Anomaly, DecodeError, Record, Verdict, dead_letter, decode
@@ -24,7 +26,7 @@ from pipeline.actuate.control import ControlLog, ControlState
 from pipeline.config import Settings
 from pipeline.correlate.core import Correlator
 from pipeline.correlate.policy import Decision
-from pipeline.detect.glue import GpuDetection, LaggedWatermark, NetworkDetection, PartitionWatermark, PeerDetection
+from pipeline.detect.glue import GpuDetection, InFlight, LaggedWatermark, NetworkDetection, PartitionWatermark, PeerDetection
 from pipeline.worker.metrics import Metrics
 from pipeline.worker.topics import TopicSpec, topic_specs
 
@@ -64,6 +66,8 @@ class Wiring:
     telemetry_watermark: PartitionWatermark = field(default_factory=PartitionWatermark)
     job_marks: LaggedWatermark = field(default_factory=lambda: LaggedWatermark(0.0))
     switch_marks: LaggedWatermark = field(default_factory=lambda: LaggedWatermark(0.0))
+    #: anomalies sent and not yet through this worker's node track: the ticks wait for them
+    in_flight: InFlight = field(default_factory=lambda: InFlight(30.0))
     stats: dict[str, Any] = field(default_factory=lambda: {
         "records": 0, "telemetry": 0, "deadletters": 0, "duplicates": 0, "anomalies": 0, "verdicts": 0,
         "actions": 0, "first_telemetry_at": 0.0, "last_telemetry_at": 0.0, "nodes_forgotten": 0})
@@ -122,6 +126,7 @@ class Wiring:
             release=release,
             job_marks=LaggedWatermark(s.policy.correlation_lag_s),
             switch_marks=LaggedWatermark(s.network.tick_lag_s),
+            in_flight=InFlight(s.policy.correlation_wait_max_s),
         )
         w.core.on_node_state = lambda node, st, h: w.api.saw_node(node, st, h)
         w.core.on_switch = lambda sw, opened: w.api.saw_switch(sw, opened)
@@ -173,10 +178,20 @@ class Wiring:
         return rec
 
     async def emit_anomalies(self, anomalies: list[Anomaly]) -> None:
+        wall = time.monotonic()
+        for a in anomalies:  # all in flight before the first send yields to a tick
+            self.in_flight.sent(a.id, a.ts, wall)
         for a in anomalies:
             self.stats["anomalies"] += 1
             self.metrics.anomalies.labels(a.kind).inc()
-            await self.topics["anomalies"].send(key=(a.node or a.subject).encode(), value=a.to_json())
+            await self.topics["anomalies"].send(key=(a.node or a.subject).encode(), value=a.to_json(),
+                                                callback=partial(self._landed, a.id))
+
+    def _landed(self, key: str, fut: Any) -> None:
+        """The broker placed anomaly ``key``: the ticks wait for it only where this worker's
+        node track reads it."""
+        md = fut.result()
+        self.in_flight.landed(key, TP(md.topic, md.partition) in self.app.consumer.assignment())
 
     async def emit_verdict(self, v: Verdict) -> None:
         self.stats["verdicts"] += 1

@@ -10,6 +10,7 @@ import pytest
 from pipeline.config import NetworkSettings, PolicySettings
 from pipeline.correlate import policy
 from pipeline.correlate.core import Correlator
+from pipeline.detect.glue import InFlight
 from pipeline.correlate.state import (
     JOB_VERSION,
     NODE_VERSION,
@@ -23,6 +24,8 @@ from pipeline.correlate.state import (
     new_job,
     new_node,
 )
+
+from schemas import Anomaly, FaultClass, Severity
 
 from .builders import T0, critical_gpu_lost, job_event
 
@@ -146,3 +149,75 @@ def test_a_move_waiting_for_a_checkpoint_stays_scheduled_through_the_jobs_other_
     d = core.handle(tick, wall_now=1060.0)
     assert [a.action.value for v in d.verdicts for a in v.actions] == ["requeue"]
     assert core.schedule.jobs == {}
+
+
+def _port_anomaly(node: str, ts: float, switch: str = "leaf-01") -> Anomaly:
+    return Anomaly(ts=ts, id=f"p-{node}-{ts}", detector="fabric_model", subject_type="port",
+                   subject=f"{node}/mlx5_0/1", node=node, kind="port_errors", fault_class=FaultClass.node_network,
+                   score=9.0, severity=Severity.warning, evidence={"switch": switch, "port": "mlx5_0/1"})
+
+
+def test_a_switch_tick_waits_for_the_neighbours_anomalies_still_in_flight() -> None:
+    """The race of a loaded worker: the fabric's watermark is far past a lone node's hold,
+    but the anomalies of two neighbours under the same leaf are still on their way through
+    the node track.  Bounded by what is in flight, the tick waits for them, and the leaf
+    is blamed instead of the first node alone; unbounded, the first node is blamed."""
+
+    def run(bounded: bool) -> tuple[list, list]:
+        core = Correlator(PolicySettings(), NetworkSettings(hold_s=60.0, switch_min_nodes=3))
+        flight = InFlight(max_wait_s=30.0)
+        found = [_port_anomaly(n, T0 + k * 5) for k, n in enumerate(["n1", "n2", "n3"])]
+        for a in found:
+            flight.sent(a.id, a.ts, wall=100.0)
+        verdicts, notices = [], []
+
+        def through_node_track(a: Anomaly) -> None:
+            for sw in core.handle(a, 1000.0).switch_notices:
+                d = core.handle(sw, 1000.0)
+                verdicts.extend(d.verdicts)
+                notices.extend(d.node_notices)
+            flight.done(a.id)
+
+        through_node_track(found[0])
+        watermark = T0 + 200.0  # every partition's samples are detected far past the hold
+        mark = flight.bound(watermark, wall=101.0) if bounded else watermark
+        for tick in core.due_switch_ticks(mark):
+            d = core.handle(tick, 1000.0)
+            verdicts.extend(d.verdicts)
+            notices.extend(d.node_notices)
+        for a in found[1:]:
+            through_node_track(a)
+        return verdicts, notices
+
+    verdicts, notices = run(bounded=True)
+    assert [(v.scope, v.subject) for v in verdicts] == [("switch", "leaf-01")]
+    assert not [n for n in notices if n.kind == "network_fault"]
+    verdicts, notices = run(bounded=False)
+    assert [(n.kind, n.node) for n in notices if n.kind == "network_fault"] == [("network_fault", "n1")]
+
+
+def test_in_flight_holds_a_mark_below_its_oldest_anomaly_until_done_landed_elsewhere_or_expired() -> None:
+    flight = InFlight(max_wait_s=30.0)
+    assert flight.floor(0.0) is None and flight.bound(T0 + 100, 0.0) == T0 + 100
+    flight.sent("a", T0 + 10, wall=0.0)
+    flight.sent("b", T0 + 20, wall=1.0)
+    flight.sent("b", T0 + 20, wall=2.0)  # redelivered: two copies, each correlated once
+    assert len(flight) == 3
+    assert flight.floor(5.0) == T0 + 10
+    mark = flight.bound(T0 + 100, 5.0)
+    assert mark < T0 + 10 and mark == pytest.approx(T0 + 10)
+    assert flight.bound(T0 + 5, 5.0) == T0 + 5  # a mark below what is in flight is kept
+    flight.done("a")
+    assert flight.floor(5.0) == T0 + 20
+    flight.landed("b", mine=False)  # one copy is read by another worker's node track
+    assert flight.floor(5.0) == T0 + 20
+    flight.done("b")
+    assert flight.floor(5.0) is None and len(flight) == 0
+    flight.done("b")  # a redelivery of one already done changes nothing
+    # one never done (dead-lettered, or its partition moved) stops holding after max_wait_s
+    flight.sent("c", T0 + 30, wall=10.0)
+    flight.sent("d", T0 + 40, wall=20.0)
+    flight.landed("d", mine=True)
+    assert flight.floor(39.9) == T0 + 30
+    assert flight.floor(40.0) == T0 + 40 and flight.expired == 1
+    assert flight.floor(50.0) is None and flight.expired == 2

@@ -86,3 +86,24 @@ def test_a_job_failing_under_a_bad_switch_is_not_blamed_nor_its_nodes() -> None:
     [v] = policy.job_on_tick(hist, cfg, T0 + 11, T0 + 10 + cfg.correlation_grace_s).verdicts
     assert v.fault_class is FaultClass.fabric_switch
     assert v.actions[0].action is ActionName.requeue and v.actions[0].params["exclude"] == []
+
+
+def test_a_notice_from_a_node_far_ahead_does_not_end_another_nodes_hold() -> None:
+    """The node track's partitions run apart: n1's second anomaly, 150 s on, can reach the
+    switch before n2's and n3's first ones.  It must not end n1's hold (a lone-node fault
+    while the neighbours are still on their way); only the tick, which follows the
+    fabric's watermark, does, and by then the neighbours are in."""
+    st = state.new_switch("leaf-03")
+    assert not policy.switch_on_notice(st, notice("n1", T0), NET).node_notices
+    d = policy.switch_on_notice(st, notice("n1", T0 + 150), NET)
+    assert not d.node_notices and not d.verdicts
+    policy.switch_on_notice(st, notice("n2", T0 + 5), NET)
+    [v] = policy.switch_on_notice(st, notice("n3", T0 + 10), NET).verdicts
+    assert (v.scope, v.subject) == ("switch", "leaf-03")
+    # held alone, n1 is decided by the tick that ends its hold, stamped with the hold's end
+    st = state.new_switch("leaf-03")
+    policy.switch_on_notice(st, notice("n1", T0), NET)
+    policy.switch_on_notice(st, notice("n1", T0 + 150), NET)
+    assert policy.switch_due(st) == T0 + 60
+    [n] = policy.switch_on_notice(st, notice("-", T0 + 60, kind="tick"), NET).node_notices
+    assert (n.kind, n.node, n.ts) == ("network_fault", "n1", T0 + 60)
