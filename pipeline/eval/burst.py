@@ -53,7 +53,15 @@ import orjson
 from actuators.k8s_nodes import NodeCache
 from pipeline.config import load_settings
 from pipeline.eval.bench import fault_sample, machine, spread
-from pipeline.worker.procs import K8S_SH, WorkerProcess, deploy_script, kafka_script, wait_ready
+from pipeline.worker.procs import (
+    K8S_SH,
+    WorkerProcess,
+    deploy_script,
+    kafka_script,
+    machine_cpu_seconds,
+    process_cpu_seconds,
+    wait_ready,
+)
 from pipeline.worker.topics import ensure_topics
 
 SIZES = (100, 500, 1000)
@@ -231,14 +239,64 @@ def raw_same_calls(core: Any, names: list[str], threads: int) -> float:
     return time.perf_counter() - t0
 
 
-def raw_limits(core: Any, names: list[str], threads: int, *, swap: bool = False) -> dict[str, float]:
-    """Both raw figures, each on half of ``names`` (``swap``: the same calls first)."""
+#: the parties whose CPU seconds a burst reports: the process's name in ``/proc/<pid>/comm``,
+#: or a word of its command line
+PARTIES = {"apiserver": ("kube-apiserver", None), "etcd": ("etcd", None), "broker": ("java", "kafka.Kafka")}
+
+
+def party_pids() -> dict[str, list[int]]:
+    """The processes of each of :data:`PARTIES` running now (``/proc``)."""
+    found: dict[str, list[int]] = {p: [] for p in PARTIES}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            cmdline = (entry / "cmdline").read_bytes() if any(c == comm and w for c, w in PARTIES.values()) else b""
+        except OSError:
+            continue
+        for party, (name, word) in PARTIES.items():
+            if comm == name and (word is None or word.encode() in cmdline):
+                found[party].append(int(entry.name))
+    return found
+
+
+class CpuMeter:
+    """CPU seconds used while a side of the burst runs: the whole machine's (every core,
+    busy time), and each party's (:data:`PARTIES`, this process, the worker). On a machine
+    whose cores the API server, the broker and the worker share, the nodes per second of
+    either side are bounded by the cores over its CPU seconds per node."""
+
+    def __init__(self, pids: dict[str, list[int]]) -> None:
+        self.pids = {**pids, "bench": [os.getpid()]}
+
+    def _read(self) -> dict[str, float]:
+        out = {party: sum(process_cpu_seconds(p) for p in pids) for party, pids in self.pids.items()}
+        out["machine"] = machine_cpu_seconds()[0]
+        return out
+
+    def measure(self, prefix: str, fn: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
+        """``fn()``, and the CPU seconds each party used meanwhile as ``<prefix>cpu_<party>_s``."""
+        before = self._read()
+        got = fn()
+        after = self._read()
+        return got, {f"{prefix}cpu_{k}_s": round(after[k] - before[k], 3) for k in after}
+
+
+def raw_limits(core: Any, names: list[str], threads: int, *, swap: bool = False,
+               meter: CpuMeter | None = None) -> dict[str, float]:
+    """Both raw figures, each on half of ``names`` (``swap``: the same calls first); with a
+    ``meter``, the CPU seconds of the ``raw_limit`` half as ``raw_cpu_<party>_s``."""
     half = len(names) // 2
     sides = [("raw_seconds", "raw_limit_nodes_per_s", raw_limit, names[:half]),
              ("raw_same_calls_seconds", "raw_same_calls_nodes_per_s", raw_same_calls, names[half:])]
     r: dict[str, float] = {}
     for seconds_key, rate_key, measure, part in reversed(sides) if swap else sides:
-        r[seconds_key] = measure(core, part, threads)
+        if meter is not None and measure is raw_limit:
+            r[seconds_key], cpu = meter.measure("raw_", lambda: measure(core, part, threads))
+            r.update(cpu)
+        else:
+            r[seconds_key] = measure(core, part, threads)
         r[rate_key] = len(part) / r[seconds_key]
     return r
 
@@ -409,6 +467,7 @@ def _kubernetes(env: dict[str, str], state: Path, bootstrap: str, *, nodes: int,
         wait_ready([worker])
         assert worker is not None
         free = iter(names)
+        meter = CpuMeter({**party_pids(), "worker": [worker.proc.pid]})
         by_size: dict[str, Any] = {}
         with NodeWatch(kubeconfig) as watch:
             for size in sizes:
@@ -421,15 +480,17 @@ def _kubernetes(env: dict[str, str], state: Path, bootstrap: str, *, nodes: int,
                     r: dict[str, Any] = {}
                     for side in order:
                         if side == "raw":
-                            r.update(raw_limits(core, raw_names, threads, swap=rep % 2 == 1))
+                            r.update(raw_limits(core, raw_names, threads, swap=rep % 2 == 1, meter=meter))
                         else:
-                            cpu0 = worker.cpu_seconds()
-                            r.update(asyncio.run(fleetmedic_burst(
+                            # CPU seconds from the first fault sent to half a second after the
+                            # last node was done: the worker's, and every party's
+                            got, cpu = meter.measure("fm_", lambda: asyncio.run(fleetmedic_burst(
                                 bootstrap, s, fm_names, watch, timeout=max(120.0, size / 5),
-                                explain=lambda missing: str([_state(watch.core.read_node(n)) for n in missing[:3]]))))
-                            # the worker's CPU seconds from the first fault sent to half a
-                            # second after the last node was done
-                            r["worker_cpu_s"] = worker.cpu_seconds() - cpu0
+                                explain=lambda missing: str([_state(watch.core.read_node(n))
+                                                             for n in missing[:3]]))))
+                            r.update(got)
+                            r.update(cpu)
+                            r["worker_cpu_s"] = cpu["fm_cpu_worker_s"]
                             # the burst's drains and diagnostics settle, and their Jobs go,
                             # before anything else is timed: the raw side run while the worker
                             # drained a thousand nodes measured half its quiet rate (pending
@@ -437,6 +498,12 @@ def _kubernetes(env: dict[str, str], state: Path, bootstrap: str, *, nodes: int,
                             settle(worker, 300.0)
                             clear_diagnostics(core, say)
                     r["ratio"] = r["nodes_per_s"] / r["raw_limit_nodes_per_s"]
+                    # CPU per node done, all cores; the ratio can be no more than raw's over fleetmedic's
+                    # where both sides keep the cores busy
+                    r["fm_cpu_ms_per_node"] = 1000 * r["fm_cpu_machine_s"] / size
+                    r["raw_cpu_ms_per_node"] = 1000 * r["raw_cpu_machine_s"] / (size // 2)
+                    r["fm_cores_busy"] = r["fm_cpu_machine_s"] / r["seconds"]
+                    r["raw_cores_busy"] = r["raw_cpu_machine_s"] / r["raw_seconds"]
                     r["ratio_same_calls"] = r["nodes_per_s"] / r["raw_same_calls_nodes_per_s"]
                     per_run.append(r)
                     say(f"  burst {size} run {rep + 1}/{runs}: fleetmedic {r['seconds']:.1f} s "
@@ -448,7 +515,8 @@ def _kubernetes(env: dict[str, str], state: Path, bootstrap: str, *, nodes: int,
                 summary: dict[str, Any] = {}
                 for key in ("seconds", "nodes_per_s", "raw_limit_nodes_per_s", "ratio", "raw_same_calls_nodes_per_s",
                             "ratio_same_calls", "verdict_to_cordon_p50_s", "verdict_to_cordon_p99_s",
-                            "fault_to_done_p50_s", "worker_cpu_s"):
+                            "fault_to_done_p50_s", "worker_cpu_s", "fm_cpu_ms_per_node", "raw_cpu_ms_per_node",
+                            "fm_cores_busy", "raw_cores_busy"):
                     summary.update(spread(key, [r[key] for r in per_run if r.get(key) is not None]))
                 summary["p50_s"], summary["p99_s"] = summary["verdict_to_cordon_p50_s"], summary["verdict_to_cordon_p99_s"]
                 summary["runs"] = per_run
@@ -486,6 +554,11 @@ def table(r: dict[str, Any]) -> str:
                     f"| {b['ratio_same_calls']:.2f} ({b['ratio_same_calls_min']:.2f} to "
                     f"{b['ratio_same_calls_max']:.2f}) "
                     f"| {b['p50_s']:.2f} s | {b['p99_s']:.2f} s |")
+    for size, b in r["bursts"].items():
+        if b.get("fm_cpu_ms_per_node") is not None:
+            rows.append(f"burst {size}: CPU per node done, all parties, {b['fm_cpu_ms_per_node']:.1f} ms for fleetmedic "
+                        f"({b['fm_cores_busy']:.2f} cores busy) and {b['raw_cpu_ms_per_node']:.1f} ms raw "
+                        f"({b['raw_cores_busy']:.2f} cores busy)")
     ns = r["nvsentinel_published"]
     rows.append(f"\nNVSentinel (published, not measured here): {ns['burst']} nodes in {ns['seconds']} s, "
                 f"{ns['nodes_per_s'][0]} to {ns['nodes_per_s'][1]} nodes/s. Medians of {r['runs']} runs "

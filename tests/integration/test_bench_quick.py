@@ -66,6 +66,12 @@ def test_quick_burst_bench_isolates_every_node_on_the_real_api_server(tmp_path):
             assert run["verdicts_seen"] == int(size)  # every node's verdict, each node seen done
             assert 0 < run["seconds"] and 0 < run["raw_seconds"] and 0 < run["raw_same_calls_seconds"]
             assert run["worker_cpu_s"] > 0  # the worker under measurement did the work
+            # the parties were found, and the machine's busy time covers each of them
+            for side in ("fm", "raw"):
+                assert run[f"{side}_cpu_apiserver_s"] > 0 and run[f"{side}_cpu_etcd_s"] >= 0, (side, run)
+                parts = sum(run[f"{side}_cpu_{p}_s"] for p in ("apiserver", "etcd", "broker", "worker", "bench"))
+                assert parts <= run[f"{side}_cpu_machine_s"] * 1.05 + 0.1, (side, run)
+            assert run["fm_cpu_broker_s"] > 0 and run["raw_cpu_worker_s"] < run["fm_cpu_worker_s"]
             # a tenth, half, nine tenths and all of the verdicts and of the nodes done, in order,
             # and the last node done is the burst's seconds
             verdicts, done = run["timeline_s"]["verdicts"], run["timeline_s"]["cordon"]
