@@ -440,11 +440,17 @@ def node_on_notice(h: NodeHealth, n: NodeNotice, cfg: PolicySettings,
                  operator={"hold": n.reason, "ts": n.ts})
         return Decision()
     if n.kind == "diag_started":
-        if h["state"] == NodeState.isolated:
-            enter(h, NodeState.diagnosing, n.ts)
+        if h["state"] == NodeState.isolated and n.ts >= h["since"]:
+            enter(h, NodeState.diagnosing, n.ts, diag_job=n.job)
         return Decision()
     if n.kind in ("diag_passed", "diag_failed"):
         if h["state"] not in (NodeState.isolated, NodeState.diagnosing):
+            return Decision()
+        # only the diagnostics of this isolation count: an outcome from before it (a run of
+        # an earlier isolation, a watcher re-reporting a finished job) must not return a
+        # node just taken out, nor fail it
+        mine = h.get("diag_job")
+        if n.ts < h["since"] or (h["state"] == NodeState.diagnosing and mine and n.job != mine):
             return Decision()
         incident = h.get("incident") or stable_id("node", node, n.job)
         fc = FaultClass(h.get("fault_class") or FaultClass.unknown.value)

@@ -98,6 +98,8 @@ class NodeHealth(TypedDict):
     fabric_switch: NotRequired[Any]
     #: a person's last return or hold
     operator: NotRequired[dict[str, Any]]
+    #: the diagnostics job of the node's current isolation (its outcome alone counts)
+    diag_job: NotRequired[str | None]
     #: jobs that left this degrading node at their checkpoint (or its deadline): drained
     #: once no other job is left on it
     moved_off: NotRequired[list[str]]

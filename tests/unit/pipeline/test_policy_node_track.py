@@ -235,6 +235,26 @@ def test_diagnostics_results_for_a_node_in_service_change_nothing(cfg) -> None:
     assert d.verdicts == [] and h["state"] == HEALTHY
 
 
+def test_only_the_diagnostics_of_this_isolation_decide_it(cfg) -> None:
+    """A diagnostics outcome from before the isolation (an earlier isolation's run, or a
+    watcher that re-reports a finished job after a restart) neither returns a node just
+    taken out nor fails it; once this isolation's run has started, only its own outcome
+    counts."""
+    h = new_node()
+    isolation = _isolate(h, cfg, T0 + 100)
+    # diag-0 belongs to an earlier isolation: it started and passed before this one
+    for kind, ts in (("diag_started", T0 + 10), ("diag_passed", T0 + 60), ("diag_failed", T0 + 99)):
+        assert node_on_notice(h, node_notice(NODE, kind, "diag-0", ts), cfg).verdicts == []
+        assert h["state"] == ISOLATED
+    node_on_notice(h, node_notice(NODE, "diag_started", "diag-1", T0 + 102), cfg)
+    assert h["state"] == DIAGNOSING
+    # an older run's outcome arriving late, even after this run started, is not this run's
+    assert node_on_notice(h, node_notice(NODE, "diag_passed", "diag-0", T0 + 150), cfg).verdicts == []
+    assert h["state"] == DIAGNOSING
+    [v] = node_on_notice(h, node_notice(NODE, "diag_failed", "diag-1", T0 + 160), cfg).verdicts
+    assert _actions(v) == [ActionName.escalate] and v.incident == isolation.incident and h["state"] == FAILED
+
+
 def test_a_node_that_keeps_coming_back_is_escalated_as_a_lemon(cfg) -> None:
     h = new_node()
     outcomes = []
