@@ -174,7 +174,7 @@ def run(*, nodes: int = 256, leaves: int = 8, epochs: int = 100, healthy_epochs:
             epoch_of = e
             # between epochs every node is back in service (diagnostics passed, cable replaced)
             for node in list(pipe.core.nodes):
-                pipe.core.handle(NodeNotice(ts=t, node=node, kind="operator_return", reason="next epoch"), t)
+                pipe.core.handle(NodeNotice(ts=t, node=node, kind="operator_return", job="-", reason="next epoch"), t)
             pipe.core.switches.clear()
             pipe.core.schedule.switches.clear()
         while fi < len(faults) and faults[fi].start <= t:
